@@ -1,0 +1,39 @@
+"""omnilab: the Qwen3-TTS 12 Hz pipeline on CPUs, made for notebooks.
+
+Public API (imported lazily so ``import omnilab`` stays light — no torch, vllm or matplotlib):
+
+- ``Pipeline.from_pretrained(path_or_hub_id, device="cpu", backend=...)`` and ``SynthesisResult``
+- ``make_random_checkpoint`` / ``default_checkpoint``: random-weight checkpoints in the released layout
+- ``probe_hardware``, ``plan``, ``DeployProfile``: hardware probe and deploy profiles
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Pipeline": "omnilab.pipeline",
+    "SynthesisResult": "omnilab.results",
+    "AudioChunk": "omnilab.results",
+    "make_random_checkpoint": "omnilab.checkpoints",
+    "default_checkpoint": "omnilab.checkpoints",
+    "probe_hardware": "omnilab.hardware",
+    "plan": "omnilab.profiles",
+    "DeployProfile": "omnilab.profiles",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'omnilab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,1 @@
+"""Model networks in plain torch (no vLLM)."""

@@ -1,0 +1,65 @@
+"""Small building blocks shared by the talker, the code predictor and code2wav.
+
+Numerics follow the reference (transformers Qwen3): RMSNorm computes in fp32 and multiplies by
+the weight after casting back; RoPE tables are built in fp32 and cast to the activation dtype;
+rotate-half convention.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class SwiGLU(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with the released tensor names."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RotaryEmbedding(nn.Module):
+    """Plain 1-D RoPE. ``forward(positions [B, T]) -> (cos, sin)`` each ``[B, T, head_dim]``."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @torch.no_grad()
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self.inv_freq[None, :, None].float().expand(positions.shape[0], -1, 1)
+        freqs = (inv @ positions[:, None, :].float()).transpose(1, 2)  # [B, T, head_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """q, k: ``[B, heads, T, head_dim]``; cos, sin: ``[B, T, head_dim]``."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

@@ -1,0 +1,145 @@
+"""Result objects returned by the pipeline: plain data (numpy), short reprs, inline HTML.
+
+``SynthesisResult`` holds one utterance: codes ``[T, 16]``, float32 audio at 24 kHz, and the timing
+rows recorded while it was produced (one dict per span: stage, name, frame_index, start_s,
+duration_ms). ``AudioChunk`` is what ``Pipeline.stream`` yields.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+
+
+@dataclass
+class SynthesisResult:
+    """One synthesized utterance.
+
+    Attributes:
+        codes: ``[T, 16]`` int64 codec frames (T frames of 80 ms).
+        audio: ``[T * 1920]`` float32 waveform in [-1, 1] at ``sample_rate``.
+        sample_rate: always 24000.
+        request_id: the id the talker stage used.
+        finish_reason: ``"eos"`` (the model stopped), ``"length"`` (hit max_new_tokens) or ``"abort"``.
+        seed: the talker/sub-talker seed actually used (reproduce a sampled run with it).
+        timings: span rows, see the module docstring; ``timings_frame()`` turns them into a DataFrame.
+        wall_s: wall time from request start to the last audio sample.
+        ttfa_ms: time to first audio (first decoded chunk) for streamed runs, else time to the full audio.
+    """
+
+    codes: np.ndarray
+    audio: np.ndarray
+    sample_rate: int = SAMPLE_RATE
+    request_id: str = ""
+    text: str | None = None
+    finish_reason: str = ""
+    seed: int | None = None
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    ttfa_ms: float | None = None
+    hidden: np.ndarray | None = None  # [T, H] talker hidden states, only when asked for
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.audio) / self.sample_rate
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor = wall time / audio duration (lower is better; < 1 is faster than real time)."""
+        return self.wall_s / self.duration_s if self.duration_s else float("inf")
+
+    @property
+    def x_realtime(self) -> float:
+        """Audio duration / wall time (higher is better): the inverse of ``rtf``."""
+        return self.duration_s / self.wall_s if self.wall_s else float("inf")
+
+    def timings_frame(self):
+        """Timing rows as a pandas DataFrame (one row per span)."""
+        import pandas as pd
+
+        cols = ["request_id", "stage", "name", "frame_index", "start_s", "duration_ms"]
+        return pd.DataFrame(self.timings, columns=cols)
+
+    def stage_ms_per_frame(self) -> dict[str, float]:
+        """Total milliseconds per generated frame for each (stage, name) span kind."""
+        out: dict[str, float] = {}
+        n = max(self.num_frames, 1)
+        for row in self.timings:
+            key = f"{row['stage']}.{row['name']}"
+            out[key] = out.get(key, 0.0) + float(row["duration_ms"])
+        return {k: v / n for k, v in out.items()}
+
+    def save_wav(self, path: str | Path) -> Path:
+        import soundfile as sf
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(str(path), self.audio, self.sample_rate, subtype="FLOAT")
+        return path
+
+    def play(self, normalize: bool = True):
+        """An inline audio player (``IPython.display.Audio``)."""
+        from IPython.display import Audio
+
+        return Audio(self.audio, rate=self.sample_rate, normalize=normalize)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "frames": self.num_frames,
+            "audio_s": round(self.duration_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            "rtf": round(self.rtf, 3),
+            "x_realtime": round(self.x_realtime, 3),
+            "ttfa_ms": None if self.ttfa_ms is None else round(self.ttfa_ms, 1),
+            "finish_reason": self.finish_reason,
+        }
+
+    def __repr__(self) -> str:
+        return (f"SynthesisResult(frames={self.num_frames}, audio={self.duration_s:.2f}s, "
+                f"rtf={self.rtf:.2f}, finish={self.finish_reason!r})")
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in self.summary().items())
+        player = ""
+        try:
+            player = self.play()._repr_html_()
+        except Exception:  # IPython missing: table only
+            pass
+        return f"<div><b>SynthesisResult</b><table>{rows}</table>{player}</div>"
+
+
+@dataclass
+class AudioChunk:
+    """A piece of streamed audio: ``audio`` float32 at 24 kHz covering frames ``[frame_start, frame_end)``."""
+
+    request_id: str
+    audio: np.ndarray
+    frame_start: int
+    frame_end: int
+    codes: np.ndarray  # [F, 16] the frames this chunk decodes
+    t_ready_s: float  # seconds since the request started when this chunk was ready
+    is_last: bool = False
+    sample_rate: int = SAMPLE_RATE
+
+    @property
+    def num_frames(self) -> int:
+        return self.frame_end - self.frame_start
+
+    @property
+    def duration_s(self) -> float:
+        return self.num_frames * SAMPLES_PER_FRAME / self.sample_rate
+
+    def __repr__(self) -> str:
+        return (f"AudioChunk({self.request_id!r}, frames {self.frame_start}:{self.frame_end}, "
+                f"ready at {self.t_ready_s * 1000:.0f} ms{', last' if self.is_last else ''})")

