@@ -30,7 +30,11 @@ def __getattr__(name: str):
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'omnilab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
+    try:
+        module = importlib.import_module(mod)
+    except AttributeError as e:  # do not let an error inside the import look like a missing name
+        raise ImportError(f"importing {mod} failed: {e}") from e
+    value = getattr(module, name)
     globals()[name] = value
     return value
 

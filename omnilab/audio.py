@@ -1,0 +1,231 @@
+"""Audio input utilities: wav loading, mono mixdown, resampling, and the speaker-encoder mel front end.
+
+Contract:
+- ``load_wav(path) -> (wav [samples] float32, sample_rate)`` reads any file soundfile can read and mixes
+  multi-channel audio down to mono by averaging the channels (as the official package does).
+- ``resample(wav, orig_sr, target_sr)`` is a Kaiser-windowed sinc polyphase resampler written in torch. It is
+  *not* bit-equal to librosa's default (soxr_hq), which the official package uses for non-24 kHz references:
+  both are band-limited resamplers, so the results agree to about 1e-3 on in-band content. Rate pairs whose
+  reduced ratio needs an impractically large filter bank (e.g. 24001 -> 24000) raise ``InputError``.
+- ``load_audio(x, sr=None, target_sr=24000)`` accepts a path or an array (with ``sr``) and returns float32 mono
+  at ``target_sr``.
+- ``mel_filterbank_slaney`` reproduces ``librosa.filters.mel(htk=False, norm="slaney")`` (float32 result with
+  the same float64 intermediate steps), and ``log_mel_spectrogram`` reproduces ``mel_spectrogram`` +
+  ``extract_speaker_embedding`` of qwen-tts: reflect pad (n_fft - hop) // 2 on both sides, ``center=False``,
+  periodic Hann window, magnitude sqrt(re^2 + im^2 + 1e-9), log(clamp(x, 1e-5)). Output ``[B, frames, n_mels]``
+  with ``frames = samples // hop`` (for samples >= hop).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from omnilab.config import SAMPLE_RATE
+from omnilab.errors import InputError
+
+# Mel front end of the Base speaker encoder (hard-coded in the reference ``extract_speaker_embedding``).
+SPK_N_FFT = 1024
+SPK_HOP_SAMPLES = 256
+SPK_WIN_SAMPLES = 1024
+SPK_N_MELS = 128
+SPK_FMIN_HZ = 0.0
+SPK_FMAX_HZ = 12000.0
+
+# Resampler design (documented in ``resample``).
+_ZERO_CROSSINGS = 32
+_ROLLOFF = 0.95
+_KAISER_BETA = 8.6
+_MAX_FILTERBANK_TAPS = 20_000_000  # phases x taps; beyond this the rate ratio is refused
+
+
+# ----------------------------------------------------------------------------------------------- files
+
+def to_mono(wav: np.ndarray) -> np.ndarray:
+    """``[samples]`` stays; ``[samples, channels]`` (soundfile layout) is averaged over channels."""
+    wav = np.asarray(wav)
+    if wav.ndim == 1:
+        return wav.astype(np.float32, copy=False)
+    if wav.ndim == 2:
+        return wav.mean(axis=-1).astype(np.float32)
+    raise InputError(f"audio must be [samples] or [samples, channels]; got shape {tuple(wav.shape)}")
+
+
+def load_wav(path: str | Path) -> tuple[np.ndarray, int]:
+    """Read an audio file with soundfile. Returns ``(wav [samples] float32 mono, sample_rate)``."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"audio file not found: {path}")
+    try:
+        wav, sr = sf.read(str(path), dtype="float32", always_2d=False)
+    except RuntimeError as e:  # soundfile raises LibsndfileError (a RuntimeError) on unreadable files
+        raise InputError(f"cannot read audio file {path}: {e}") from None
+    return to_mono(wav), int(sr)
+
+
+def load_audio(x: str | Path | np.ndarray | torch.Tensor, sr: int | None = None,
+               target_sr: int = SAMPLE_RATE) -> np.ndarray:
+    """Path, or array plus ``sr`` -> float32 mono ``[samples]`` at ``target_sr``."""
+    if isinstance(x, (str, Path)):
+        wav, sr = load_wav(x)
+    else:
+        if sr is None:
+            raise InputError("an audio array needs its sample rate: pass sr=<Hz>")
+        wav = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        wav = to_mono(wav)
+    return resample(wav, int(sr), int(target_sr))
+
+
+# ----------------------------------------------------------------------------------------- resampling
+
+def _check_rate(name: str, sr) -> int:
+    if isinstance(sr, bool) or not float(sr).is_integer() or int(sr) <= 0:
+        raise InputError(f"{name} must be a positive integer number of Hz; got {sr!r}")
+    return int(sr)
+
+
+@functools.lru_cache(maxsize=16)
+def _polyphase_kernels(orig: int, new: int) -> tuple[torch.Tensor, int]:
+    """Kernels ``[new, 1, taps]`` (float32) and the left padding, for the reduced ratio ``new/orig``.
+
+    Times are measured in units where one reduced input period is ``1/orig`` and one output period ``1/new``.
+    Output phase j of each block of ``new`` outputs sits at ``j/new``; tap k (relative to the block start in the
+    input) sits at ``k/orig``. Each tap is ``h(j/new - k/orig) / orig`` with ``h`` a low-pass sinc at
+    ``fc = rolloff * min(orig, new) / 2``, windowed by a Kaiser window spanning ``_ZERO_CROSSINGS`` zero
+    crossings on each side. The 1/orig factor gives unit DC gain.
+    """
+    fc = _ROLLOFF * min(orig, new) / 2.0
+    half_width = _ZERO_CROSSINGS / (2.0 * fc)
+    pad = int(math.ceil(half_width * orig))
+    taps = 2 * pad + orig
+    if new * taps > _MAX_FILTERBANK_TAPS:
+        raise InputError(
+            f"cannot resample {orig}->{new} (reduced ratio): the polyphase filter bank would need {new} x {taps} "
+            f"taps. Resample the audio to 24000 Hz (or a rate with a simpler ratio such as 16000, 22050, 44100, "
+            f"48000) with another tool first")
+    k = torch.arange(-pad, pad + orig, dtype=torch.float64)  # [taps]
+    j = torch.arange(new, dtype=torch.float64)[:, None]  # [new, 1]
+    t = j / new - k[None, :] / orig  # [new, taps]
+    x = 2.0 * fc * t
+    sinc = torch.where(x == 0, torch.ones_like(x), torch.sin(math.pi * x) / (math.pi * torch.where(x == 0, 1.0, x)))
+    r = (t / half_width).clamp(-1.0, 1.0)
+    window = torch.special.i0(_KAISER_BETA * torch.sqrt(1.0 - r * r)) / torch.special.i0(
+        torch.tensor(_KAISER_BETA, dtype=torch.float64))
+    window = torch.where(t.abs() <= half_width, window, torch.zeros_like(window))
+    kernels = (2.0 * fc / orig) * sinc * window
+    return kernels.to(torch.float32)[:, None, :], pad
+
+
+def resample(wav: np.ndarray | torch.Tensor, orig_sr: int, target_sr: int) -> np.ndarray:
+    """Band-limited resampling of a mono ``[samples]`` signal. Returns float32 ``[ceil(samples*target/orig)]``.
+
+    Kaiser-windowed sinc (32 zero crossings, beta 8.6, cutoff 0.95 x the lower Nyquist frequency), applied as a
+    polyphase filter bank (one strided conv1d). Identity when the rates are equal.
+    """
+    orig_sr = _check_rate("orig_sr", orig_sr)
+    target_sr = _check_rate("target_sr", target_sr)
+    x = wav.detach().cpu().float() if isinstance(wav, torch.Tensor) else torch.from_numpy(
+        np.ascontiguousarray(wav, dtype=np.float32))
+    if x.ndim != 1:
+        raise InputError(f"resample expects mono [samples]; got shape {tuple(x.shape)} (mix down with to_mono)")
+    if orig_sr == target_sr:
+        return x.numpy().astype(np.float32, copy=False)
+    g = math.gcd(orig_sr, target_sr)
+    orig, new = orig_sr // g, target_sr // g
+    kernels, pad = _polyphase_kernels(orig, new)
+    n_in = x.shape[0]
+    n_out = -(-n_in * new // orig)
+    if n_in == 0:
+        return np.zeros(0, dtype=np.float32)
+    blocks = -(-n_in // orig)
+    xp = F.pad(x[None, None, :], (pad, blocks * orig + pad - n_in))  # zeros outside the signal
+    y = F.conv1d(xp, kernels, stride=orig)  # [1, new, blocks]
+    y = y[0].transpose(0, 1).reshape(-1)[:n_out]  # interleave phases
+    return y.numpy().astype(np.float32, copy=False)
+
+
+# ------------------------------------------------------------------------------------------ mel front end
+
+def _hz_to_mel_slaney(f: np.ndarray) -> np.ndarray:
+    """Slaney (Auditory Toolbox) mel scale: linear below 1 kHz (200/3 Hz per mel), logarithmic above."""
+    f = np.asarray(f, dtype=np.float64)
+    f_sp = 200.0 / 3
+    min_log_hz = 1000.0
+    min_log_mel = min_log_hz / f_sp
+    logstep = np.log(6.4) / 27.0
+    lin = f / f_sp
+    log = min_log_mel + np.log(np.maximum(f, min_log_hz) / min_log_hz) / logstep
+    return np.where(f >= min_log_hz, log, lin)
+
+
+def _mel_to_hz_slaney(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, dtype=np.float64)
+    f_sp = 200.0 / 3
+    min_log_hz = 1000.0
+    min_log_mel = min_log_hz / f_sp
+    logstep = np.log(6.4) / 27.0
+    lin = f_sp * m
+    log = min_log_hz * np.exp(logstep * (np.maximum(m, min_log_mel) - min_log_mel))
+    return np.where(m >= min_log_mel, log, lin)
+
+
+@functools.lru_cache(maxsize=8)
+def _mel_filterbank_cached(sr: int, n_fft: int, n_mels: int, fmin_hz: float, fmax_hz: float) -> np.ndarray:
+    fft_hz = np.arange(n_fft // 2 + 1) * (1.0 / (n_fft * (1.0 / sr)))  # rfft bin centres (numpy's rfftfreq)
+    edges_mel = np.linspace(_hz_to_mel_slaney(fmin_hz), _hz_to_mel_slaney(fmax_hz), n_mels + 2)
+    edges_hz = _mel_to_hz_slaney(edges_mel)  # [n_mels + 2]
+    widths_hz = np.diff(edges_hz)
+    dist = edges_hz[:, None] - fft_hz[None, :]  # [n_mels + 2, bins]
+    weights = np.zeros((n_mels, n_fft // 2 + 1), dtype=np.float32)
+    for i in range(n_mels):  # triangle i rises over [edge i, edge i+1] and falls over [edge i+1, edge i+2]
+        rising = -dist[i] / widths_hz[i]
+        falling = dist[i + 2] / widths_hz[i + 1]
+        weights[i] = np.maximum(0.0, np.minimum(rising, falling))  # rounded to float32 here (as librosa)
+    area_norm = 2.0 / (edges_hz[2:n_mels + 2] - edges_hz[:n_mels])  # slaney: constant energy per band
+    weights *= area_norm[:, None]
+    weights.setflags(write=False)
+    return weights
+
+
+def mel_filterbank_slaney(sr: int = SAMPLE_RATE, n_fft: int = SPK_N_FFT, n_mels: int = SPK_N_MELS,
+                          fmin_hz: float = SPK_FMIN_HZ, fmax_hz: float | None = SPK_FMAX_HZ) -> np.ndarray:
+    """``[n_mels, n_fft // 2 + 1]`` float32, equal to ``librosa.filters.mel(sr=..., htk=False, norm='slaney')``.
+
+    The returned array is read-only and shared (cached); copy it before modifying.
+    """
+    fmax_hz = sr / 2.0 if fmax_hz is None else float(fmax_hz)
+    return _mel_filterbank_cached(int(sr), int(n_fft), int(n_mels), float(fmin_hz), fmax_hz)
+
+
+def log_mel_spectrogram(wav: np.ndarray | torch.Tensor, *, sr: int = SAMPLE_RATE, n_fft: int = SPK_N_FFT,
+                        hop_samples: int = SPK_HOP_SAMPLES, win_samples: int = SPK_WIN_SAMPLES,
+                        n_mels: int = SPK_N_MELS, fmin_hz: float = SPK_FMIN_HZ,
+                        fmax_hz: float = SPK_FMAX_HZ) -> torch.Tensor:
+    """Speaker-encoder features: ``wav [samples] or [B, samples]`` -> ``[B, frames, n_mels]`` float32.
+
+    ``frames = 1 + (samples + 2 * ((n_fft - hop) // 2) - n_fft) // hop``; 24 kHz defaults give samples // 256.
+    """
+    y = wav if isinstance(wav, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(wav))
+    y = y.to(torch.float32)
+    if y.ndim == 1:
+        y = y[None]
+    if y.ndim != 2:
+        raise InputError(f"log_mel_spectrogram expects [samples] or [B, samples]; got {tuple(y.shape)}")
+    pad = (n_fft - hop_samples) // 2
+    if y.shape[-1] <= pad:
+        raise InputError(f"audio too short for the mel front end: {y.shape[-1]} samples; need more than {pad} "
+                         f"({1000 * (pad + 1) / sr:.0f} ms at {sr} Hz)")
+    basis = torch.from_numpy(mel_filterbank_slaney(sr, n_fft, n_mels, fmin_hz, fmax_hz).copy()).to(y.device)
+    y = F.pad(y[:, None, :], (pad, pad), mode="reflect")[:, 0, :]
+    spec = torch.stft(y, n_fft, hop_length=hop_samples, win_length=win_samples,
+                      window=torch.hann_window(win_samples, device=y.device), center=False,
+                      normalized=False, onesided=True, return_complex=True)  # [B, bins, frames]
+    mag = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)
+    mel = torch.matmul(basis, mag)  # [B, n_mels, frames]
+    return torch.log(torch.clamp(mel, min=1e-5)).transpose(1, 2)

@@ -1,0 +1,305 @@
+"""``Pipeline``: the public entry point — talker stage + code2wav stage behind one notebook-friendly API.
+
+Contract:
+- ``Pipeline.from_pretrained(path_or_hub_id, device="cpu", backend="eager", dtype=None)`` loads the
+  released checkpoint layout (``omnilab.loading``) and builds the stages. Only ``device="cpu"``.
+- ``generate(...)`` runs one utterance (or a list, batched in the talker) to completion and returns
+  ``SynthesisResult``; ``stream(...)`` yields ``AudioChunk``s while later frames are still being
+  generated (closing the iterator aborts the request and frees its talker and decoder state).
+- ``pipe.talker`` is the step-wise talker (``start`` / ``step`` / ``abort``); ``pipe.code2wav`` decodes
+  codes offline (``decode``) or chunk by chunk (``open_session``).
+- The pipeline records timing rows (plain data) into each result; it holds no display code.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any, Hashable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from omnilab.errors import InputError, UnsupportedError
+from omnilab.models.code2wav_stream import ChunkSchedule
+from omnilab.requests import UserRequest, build_request
+from omnilab.results import AudioChunk, SynthesisResult
+from omnilab.sampling import SamplingParams
+
+BACKENDS = ("eager",)
+_SAMPLING_KEYS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+                  "subtalker_do_sample", "subtalker_temperature", "subtalker_top_k", "subtalker_top_p", "seed")
+_REQUEST_KEYS = ("speaker", "language", "instruct", "ref_audio", "ref_text", "x_vector_only_mode",
+                 "non_streaming_mode")
+_STEP_SPANS = (("prefill", "prefill_ms"), ("input_prep", "input_prep_ms"), ("talker_forward", "talker_ms"),
+               ("code_predictor", "predictor_ms"), ("sampling", "sampling_ms"))
+
+
+def flush_denormals() -> None:
+    """Flush fp32 denormals to zero in this process (they make x86 convs several times slower).
+
+    numpy's ``finfo`` tables are computed first: computed after the switch, they report a zero
+    smallest subnormal and warn on every pandas/numpy import."""
+    for t in (np.float16, np.float32, np.float64, np.longdouble):
+        np.finfo(t).smallest_subnormal
+    torch.set_flush_denormal(True)
+
+
+def _step_rows(o, t_start_s: float) -> list[dict[str, Any]]:
+    return [{"request_id": str(o.request_id), "stage": "talker", "name": name, "frame_index": o.frame_index,
+             "start_s": t_start_s, "duration_ms": float(getattr(o, attr))}
+            for name, attr in _STEP_SPANS if getattr(o, attr) > 0]
+
+
+class TalkerControl:
+    """Step-wise access to the talker stage: ``start`` requests, then ``step`` one frame at a time."""
+
+    def __init__(self, pipe: "Pipeline"):
+        self._pipe = pipe
+
+    def start(self, text: str | None = None, *, request_id: Hashable | None = None, **kwargs) -> Hashable:
+        """Validate and queue one request; it is prefilled by the next :meth:`step`. Returns its id.
+        Takes the same keyword arguments as ``Pipeline.generate`` (one utterance)."""
+        return self._pipe._start(text, kwargs, request_id)[0]
+
+    def step(self, return_hidden: bool = False) -> dict[Hashable, Any]:
+        """Advance every live request by one frame -> ``{request_id: FrameOutput}`` (codes ``[16]``,
+        ``hidden [H]`` when ``return_hidden``, per-phase timings in ms, finish flags)."""
+        return {o.request_id: o for o in self._pipe._talker.step(return_hidden=return_hidden)}
+
+    def abort(self, request_id: Hashable) -> None:
+        self._pipe._talker.abort(request_id)
+        self._pipe._requests.pop(request_id, None)
+
+    @property
+    def num_live(self) -> int:
+        return self._pipe._talker.num_live
+
+    def has_unfinished(self) -> bool:
+        return self._pipe._talker.has_unfinished()
+
+    def __repr__(self) -> str:
+        return f"TalkerControl(backend={self._pipe.backend!r}, live={self.num_live})"
+
+
+class Pipeline:
+    """Qwen3-TTS 12 Hz on CPU. Build with :meth:`from_pretrained`."""
+
+    def __init__(self, model, talker_stage, code2wav_stage, *, backend: str,
+                 chunk_schedule: ChunkSchedule | None = None):
+        self.model = model
+        self.backend = backend
+        self._talker = talker_stage
+        self.code2wav = code2wav_stage
+        self.talker = TalkerControl(self)
+        self.chunk_schedule = chunk_schedule or ChunkSchedule(first_frames=1, ramp=(), steady_frames=25)
+        self._ids = itertools.count()
+        self._requests: dict[Hashable, dict[str, Any]] = {}
+        self._closed = False
+
+    # ---- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str | os.PathLike | None = None, *, device: str = "cpu",
+                        backend: str = "eager", dtype: Any = None, num_threads: int | None = None,
+                        chunk_schedule: ChunkSchedule | None = None) -> "Pipeline":
+        """Load a checkpoint (directory or hub id; None = the embedded tiny default) and build the stages.
+
+        Args:
+            device: only ``"cpu"``.
+            backend: ``"eager"`` (plain torch in this process).
+            dtype: compute dtype for the talker (None = fp32 unless the CPU has native bf16).
+            num_threads: torch intra-op threads for this process (None = leave as is).
+            chunk_schedule: streaming chunk sizes (default: first chunk 1 frame, then 25).
+        """
+        if not isinstance(device, str) or device.lower() != "cpu":
+            raise UnsupportedError(f"device {device!r} is not supported: omnilab runs on CPUs; accepted: 'cpu'")
+        if backend not in BACKENDS:
+            raise InputError(f"backend {backend!r} is not known; accepted: {', '.join(BACKENDS)}")
+        if num_threads is not None:
+            if not isinstance(num_threads, int) or num_threads < 1:
+                raise InputError(f"num_threads must be a positive integer; got {num_threads!r}")
+            torch.set_num_threads(num_threads)
+        flush_denormals()
+        from omnilab.loading import load_model
+        from omnilab.stages.code2wav_stage import Code2WavStage
+        from omnilab.stages.talker_eager import EagerTalkerStage
+
+        if path_or_hub_id is None:
+            from omnilab.checkpoints import default_checkpoint
+            path_or_hub_id = default_checkpoint()
+        model = load_model(path_or_hub_id, dtype=dtype)
+        return cls(model, EagerTalkerStage(model), Code2WavStage(model.code2wav), backend=backend,
+                   chunk_schedule=chunk_schedule)
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def _sampling(self, kw: dict[str, Any]) -> SamplingParams:
+        params = SamplingParams.from_defaults(self.model.generation, **{k: kw.get(k) for k in _SAMPLING_KEYS})
+        return params.validate(self._talker.max_new_tokens_limit)
+
+    def _start(self, text, kw: dict[str, Any], request_id: Hashable | None = None):
+        self._check_open()
+        unknown = set(kw) - set(_SAMPLING_KEYS) - set(_REQUEST_KEYS) - {"input_ids"}
+        if unknown:
+            raise InputError(f"unknown argument(s) {sorted(unknown)}; accepted: "
+                             f"{', '.join(('text', 'input_ids') + _REQUEST_KEYS + _SAMPLING_KEYS)}")
+        ureq = UserRequest(text=text, input_ids=kw.get("input_ids"), **{k: kw.get(k) for k in _REQUEST_KEYS})
+        preq, clean_text = build_request(self.model, ureq)
+        params = self._sampling(kw)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        seed = self._talker.add_request(rid, preq, params)
+        self._requests[rid] = {"text": clean_text, "ref_codes": preq.ref_codes, "seed": seed,
+                               "t0": time.perf_counter()}
+        return rid, preq
+
+    def _check_idle(self) -> None:
+        if self._talker.has_unfinished():
+            raise InputError("step-wise talker requests are still live; finish them with pipe.talker.step() "
+                             "or pipe.talker.abort(request_id) before generate()/stream()")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InputError("this Pipeline is closed; create a new one with Pipeline.from_pretrained")
+
+    # ---- whole utterances ---------------------------------------------------------------------------
+    def generate(self, text: str | Sequence[str] | None = None, *, return_hidden: bool = False,
+                 **kwargs) -> SynthesisResult | list[SynthesisResult]:
+        """Synthesize one utterance (``text`` a string) or several (a list; run batched in the talker).
+
+        Keyword arguments: ``input_ids`` (chat-wrapped ids instead of text), ``speaker``, ``language``,
+        ``instruct``, ``ref_audio`` (path or ``(wav, sample_rate)``), ``ref_text``, ``x_vector_only_mode``,
+        ``non_streaming_mode``, and sampling: ``max_new_tokens``, ``do_sample``, ``temperature``,
+        ``top_k``, ``top_p``, ``repetition_penalty``, ``subtalker_do_sample``, ``subtalker_temperature``,
+        ``subtalker_top_k``, ``subtalker_top_p``, ``seed``. For a batch, each keyword may be a list of
+        the same length or a single value for all.
+        """
+        self._check_open()
+        self._check_idle()
+        batch = isinstance(text, (list, tuple))
+        if batch and not text:
+            raise InputError("text is an empty list; give at least one sentence")
+        texts = list(text) if batch else [text]
+        n = len(texts)
+        per_req = []
+        for i in range(n):
+            kw = {}
+            for k, v in kwargs.items():
+                if isinstance(v, list) and k not in ("input_ids",):
+                    if len(v) != n:
+                        raise InputError(f"{k} is a list of {len(v)} values but there are {n} texts")
+                    v = v[i]
+                kw[k] = v
+            per_req.append(kw)
+        rids = []
+        try:
+            for t, kw in zip(texts, per_req):
+                rids.append(self._start(t, kw)[0])
+            results = self._run_to_end(rids, return_hidden)
+        except BaseException:
+            for rid in rids:
+                self._talker.abort(rid)
+                self._requests.pop(rid, None)
+            raise
+        return results if batch else results[0]
+
+    def _run_to_end(self, rids: list[Hashable], return_hidden: bool) -> list[SynthesisResult]:
+        frames = {rid: [] for rid in rids}
+        hidden = {rid: [] for rid in rids}
+        rows = {rid: [] for rid in rids}
+        reason: dict[Hashable, str] = {}
+        t_begin = time.perf_counter()
+        while self._talker.has_unfinished():
+            t_step = time.perf_counter() - t_begin
+            for o in self._talker.step(return_hidden=return_hidden):
+                rows[o.request_id].extend(_step_rows(o, t_step))
+                if o.codes is not None:
+                    frames[o.request_id].append(o.codes)
+                    if o.hidden is not None:
+                        hidden[o.request_id].append(o.hidden.float())
+                if o.finished:
+                    reason[o.request_id] = o.finish_reason
+        out = []
+        for rid in rids:
+            info = self._requests.pop(rid)
+            codes = torch.stack(frames[rid]).numpy() if frames[rid] else np.zeros((0, 16), dtype=np.int64)
+            t0 = time.perf_counter()
+            audio = self.code2wav.decode(codes, prefix_codes=info["ref_codes"]) if len(codes) else \
+                np.zeros(0, dtype=np.float32)
+            rows[rid].append({"request_id": str(rid), "stage": "code2wav", "name": "decode", "frame_index": 0,
+                              "start_s": t0 - t_begin, "duration_ms": 1e3 * (time.perf_counter() - t0)})
+            wall = time.perf_counter() - info["t0"]
+            out.append(SynthesisResult(
+                codes=codes.astype(np.int64), audio=audio, request_id=str(rid), text=info["text"],
+                finish_reason=reason.get(rid, ""), seed=info["seed"], timings=rows[rid], wall_s=wall,
+                ttfa_ms=1e3 * wall,
+                hidden=torch.stack(hidden[rid]).numpy() if hidden[rid] else None))
+        return out
+
+    # ---- streaming ------------------------------------------------------------------------------------
+    def stream(self, text: str | None = None, *, chunk_schedule: ChunkSchedule | None = None,
+               **kwargs) -> Iterator[AudioChunk]:
+        """Yield ``AudioChunk``s of one utterance as soon as each chunk of frames is decoded.
+
+        Chunk sizes follow ``chunk_schedule`` (default: the pipeline's, first chunk 1 frame then 25).
+        Closing the iterator early (``break``, ``.close()``, garbage collection) aborts the request and
+        frees its talker KV cache and decoder state. Same keyword arguments as :meth:`generate`.
+        """
+        self._check_open()
+        self._check_idle()
+        if isinstance(text, (list, tuple)):
+            raise InputError("stream() takes one text; use generate() for a list")
+        sched = chunk_schedule or self.chunk_schedule
+        rid, preq = self._start(text, kwargs)
+        return self._stream(rid, preq, sched)
+
+    def _stream(self, rid, preq, sched: ChunkSchedule) -> Iterator[AudioChunk]:
+        info = self._requests[rid]
+        session = None
+        finished = False
+        try:
+            session = self.code2wav.open_session(rid, prefix_codes=preq.ref_codes)
+            pending: list[torch.Tensor] = []
+            chunk_idx = frame_start = 0
+            while not finished:
+                for o in self._talker.step():
+                    if o.request_id != rid:
+                        continue
+                    if o.codes is not None:
+                        pending.append(o.codes)
+                    finished = o.finished
+                if pending and (finished or len(pending) >= sched.chunk_frames(chunk_idx)):
+                    codes = torch.stack(pending).numpy()
+                    audio = session.push(codes)
+                    t_ready = time.perf_counter() - info["t0"]
+                    pending = []
+                    chunk = AudioChunk(str(rid), audio, frame_start, frame_start + len(codes), codes, t_ready,
+                                       is_last=finished)
+                    frame_start += len(codes)
+                    chunk_idx += 1
+                    yield chunk
+        finally:
+            if not finished:
+                self._talker.abort(rid)
+            if session is not None:
+                session.close()
+            self._requests.pop(rid, None)
+
+    # ---- lifetime ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Abort every live request and free all stage state. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._talker.close()
+        self.code2wav.close()
+        self._requests.clear()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        c = self.model.config
+        return (f"Pipeline({c.tts_model_size} {c.tts_model_type}, backend={self.backend!r}, "
+                f"dtype={str(self.model.dtype).replace('torch.', '')}, path={str(self.model.path)!r})")
