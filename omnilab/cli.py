@@ -1,0 +1,144 @@
+"""``omnilab`` command line: ``synth`` (the main job), ``make-checkpoint``, ``probe``, ``plan``, ``bench``.
+
+``omnilab synth "text" --out out/`` synthesizes one sentence (default: the embedded tiny checkpoint),
+writes ``<out>/<name>.wav`` and ``<out>/<name>_latency.csv`` (one row per timing span) and prints a
+summary table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_TEXT = "Hello from omnilab, running on the CPU."
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def synth_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="omnilab synth", description="Synthesize one sentence to a WAV file.")
+    ap.add_argument("text", nargs="?", default=DEFAULT_TEXT)
+    ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded tiny checkpoint)")
+    ap.add_argument("--out", default="out", help="output directory")
+    ap.add_argument("--name", default="omnilab_demo", help="output file stem")
+    ap.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the first one)")
+    ap.add_argument("--language", default="auto")
+    ap.add_argument("--instruct", default=None)
+    ap.add_argument("--ref-audio", default=None, help="reference audio file (Base models)")
+    ap.add_argument("--ref-text", default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--greedy", action="store_true", help="greedy decoding (talker and sub-talker)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: auto per CPU)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--backend", default="eager")
+    ap.add_argument("--stream", action="store_true", help="stream the audio chunk by chunk (reports TTFA)")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+
+    from omnilab.pipeline import Pipeline
+
+    pipe = Pipeline.from_pretrained(args.model, backend=args.backend, dtype=args.dtype, num_threads=args.threads)
+    with pipe:
+        cfg = pipe.model.config
+        speaker = args.speaker
+        if speaker is None and cfg.tts_model_type == "custom_voice":
+            speaker = cfg.speakers[0]
+        max_new = args.max_new_tokens
+        if max_new is None and args.model is None:
+            max_new = 75  # the embedded checkpoint has random weights that rarely emit EOS: cap at ~6 s
+        kw = dict(speaker=speaker, language=args.language, instruct=args.instruct, ref_audio=args.ref_audio,
+                  ref_text=args.ref_text, max_new_tokens=max_new, seed=args.seed)
+        if args.greedy:
+            kw.update(do_sample=False, subtalker_do_sample=False)
+        if args.stream:
+            from omnilab.results import SynthesisResult
+            import time
+
+            t0 = time.perf_counter()
+            chunks = list(pipe.stream(args.text, **kw))
+            wall = time.perf_counter() - t0
+            audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
+            codes = np.concatenate([c.codes for c in chunks]) if chunks else np.zeros((0, 16), np.int64)
+            rows = [{"request_id": c.request_id, "stage": "stream", "name": "chunk_ready", "frame_index": c.frame_start,
+                     "start_s": c.t_ready_s, "duration_ms": 0.0} for c in chunks]
+            res = SynthesisResult(codes=codes, audio=audio, text=args.text, timings=rows, wall_s=wall,
+                                  ttfa_ms=1e3 * chunks[0].t_ready_s if chunks else None,
+                                  finish_reason="streamed")
+        else:
+            res = pipe.generate(args.text, **kw)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wav = res.save_wav(out / f"{args.name}.wav")
+    csv = out / f"{args.name}_latency.csv"
+    res.timings_frame().to_csv(csv, index=False)
+    per_stage = res.stage_ms_per_frame()
+    rows = [("model", f"{cfg.tts_model_size} {cfg.tts_model_type} ({pipe.model.path})"),
+            ("dtype", f"{str(pipe.model.dtype).replace('torch.', '')} ({pipe.model.dtype_reason})"),
+            ("text", res.text or args.text)]
+    rows += [(k, str(v)) for k, v in res.summary().items() if k != "request_id"]
+    rows += [(f"ms/frame {k}", f"{v:.1f}") for k, v in sorted(per_stage.items())]
+    rows += [("wav", str(wav)), ("latency csv", str(csv))]
+    print(_table(rows))
+    return 0
+
+
+def make_checkpoint_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="omnilab make-checkpoint",
+                                 description="Write a random-weight checkpoint in the released layout.")
+    ap.add_argument("path")
+    ap.add_argument("--size", default="tiny", help="tiny | mid | 0.6b | 1.7b")
+    ap.add_argument("--variant", default="custom_voice", help="custom_voice | voice_design | base")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overwrite", action="store_true")
+    args = ap.parse_args(argv)
+    from omnilab.checkpoints import make_random_checkpoint
+
+    p = make_random_checkpoint(args.path, size=args.size, variant=args.variant, seed=args.seed,
+                               overwrite=args.overwrite)
+    print(json.dumps({"path": str(p), "size": args.size, "variant": args.variant, "seed": args.seed}))
+    return 0
+
+
+def _lazy(module: str, func: str):
+    def run(argv):
+        import importlib
+
+        return getattr(importlib.import_module(module), func)(argv)
+    return run
+
+
+COMMANDS = {
+    "synth": synth_main,
+    "make-checkpoint": make_checkpoint_main,
+    "probe": _lazy("omnilab.cli_profile", "probe_main"),
+    "plan": _lazy("omnilab.cli_profile", "plan_main"),
+    "bench": _lazy("omnilab.bench", "bench_main"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: omnilab {" + ",".join(COMMANDS) + "} [options]\n\n" + __doc__.strip())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"omnilab: unknown command {cmd!r}; accepted: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    from omnilab.errors import OmnilabError
+
+    try:
+        return int(COMMANDS[cmd](rest) or 0)
+    except OmnilabError as e:
+        print(f"omnilab {cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Per-stage cost model and a playback simulator for chunk planning. Plain Python, no torch.
+
+Contract: ``ModelGeometry`` holds the shapes that set memory and time (from a ``Qwen3TTSConfig`` or the
+released 0.6B/1.7B numbers). ``CostModel`` turns geometry + hardware (or measured ``StageTimes``) into
+milliseconds: the talker step (1 talker decode + 15 code-predictor passes) is bandwidth-bound, so its
+time is weight bytes / per-thread bandwidth; code2wav is compute-bound, so a chunk costs GFLOP /
+per-thread GFLOP/s (design note §2.2-2.3). Thread scaling is Amdahl's law with a cap past which more
+threads are assumed to bring nothing (peers report the talker step stops scaling beyond 16 threads).
+``simulate_stream`` plays a chunk schedule against those times and reports TTFA, stall and RTF.
+
+Calibration (2-core KVM guest, fp32, 2 threads, design note §8): talker + predictor 640 ms/frame, i.e.
+~5.5 GB/s per thread after Amdahl; code2wav 49-59 ms/frame on 25-frame chunks. Everything else in
+``_CORE_PERF`` is an assumption from peak SIMD width; pass ``StageTimes`` to use measured numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from omnilab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omnilab.config import Code2WavConfig, Qwen3TTSConfig
+    from omnilab.hardware import HardwareInfo
+
+FRAME_MS = 80.0
+TALKER_SERIAL, TALKER_MAX_THREADS = 0.08, 16
+CODE2WAV_SERIAL, CODE2WAV_MAX_THREADS = 0.03, 32
+CHUNK_OVERHEAD_MS = 1.0        # per-chunk hop between the stages (shared memory, ~1 ms measured by peers)
+SHARED_PENALTY = 1.10          # context switches + cache interference when both stages share cores
+
+
+def _layer_params(h: int, inter: int, heads: int, kv: int, hd: int) -> int:
+    return h * heads * hd * 2 + 2 * h * kv * hd + 3 * h * inter + 2 * h + 2 * hd
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Shapes that set KV bytes, resident weights and bytes streamed per frame."""
+    name: str
+    talker_layers: int = 28
+    talker_hidden: int = 1024
+    talker_intermediate: int = 3072
+    talker_heads: int = 16
+    talker_kv_heads: int = 8
+    talker_head_dim: int = 128
+    codec_vocab: int = 3072
+    text_vocab: int = 151936
+    text_hidden: int = 2048
+    max_position_embeddings: int = 32768
+    predictor_layers: int = 5
+    predictor_hidden: int = 1024
+    predictor_intermediate: int = 3072
+    predictor_heads: int = 16
+    predictor_kv_heads: int = 8
+    predictor_head_dim: int = 128
+    num_code_groups: int = 16
+    decoder_params: int = 114_323_137
+    decoder_gflop_per_frame: float = 4.96     # steady state, 96 % in the conv decoder
+    decoder_window_frames: int = 72           # decoder sliding attention window = streaming left context
+    conv_context_frames: int = 12             # conv receptive field recomputed per chunk
+
+    @classmethod
+    def released(cls, size: str = "0b6") -> "ModelGeometry":
+        if size == "1b7":
+            return cls("Qwen3-TTS 1.7B (released geometry)", talker_hidden=2048, talker_intermediate=6144)
+        return cls("Qwen3-TTS 0.6B (released geometry)")
+
+    @classmethod
+    def from_config(cls, cfg: "Qwen3TTSConfig", decoder: "Code2WavConfig | None" = None,
+                    name: str = "") -> "ModelGeometry":
+        t, p = cfg.talker, cfg.code_predictor
+        extra = {}
+        if decoder is not None:
+            scale = (decoder.decoder_dim / 1536) ** 2
+            extra = dict(decoder_gflop_per_frame=4.96 * scale, decoder_window_frames=decoder.sliding_window,
+                         decoder_params=int(114_323_137 * scale))
+        return cls(name or f"{cfg.tts_model_type} {cfg.tts_model_size}", t.num_hidden_layers, t.hidden_size,
+                   t.intermediate_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size,
+                   t.text_vocab_size, t.text_hidden_size, t.max_position_embeddings, p.num_hidden_layers,
+                   p.hidden_size, p.intermediate_size, p.num_attention_heads, p.num_key_value_heads, p.head_dim,
+                   t.num_code_groups, **extra)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Talker KV: layers x 2 (K and V) x kv_heads x head_dim x dtype bytes."""
+        return self.talker_layers * 2 * self.talker_kv_heads * self.talker_head_dim * dtype_bytes
+
+    @property
+    def _talker_layer(self) -> int:
+        return _layer_params(self.talker_hidden, self.talker_intermediate, self.talker_heads,
+                             self.talker_kv_heads, self.talker_head_dim)
+
+    @property
+    def _predictor_pass(self) -> int:
+        proj = self.talker_hidden * self.predictor_hidden if self.talker_hidden != self.predictor_hidden else 0
+        return (self.predictor_layers * _layer_params(self.predictor_hidden, self.predictor_intermediate,
+                                                      self.predictor_heads, self.predictor_kv_heads,
+                                                      self.predictor_head_dim)
+                + 2048 * self.predictor_hidden + proj)
+
+    def streamed_params_per_frame(self) -> int:
+        """Weights read per 80 ms frame at batch 1: talker step + 15 predictor passes (+ decoder share)."""
+        talker = self.talker_layers * self._talker_layer + self.codec_vocab * self.talker_hidden
+        return talker + (self.num_code_groups - 1) * self._predictor_pass + self.decoder_params // 25
+
+    def resident_bytes(self, dtype_bytes: int) -> int:
+        """Weights held in memory by both stages (text embedding included, decoder always fp32)."""
+        t = self.talker_hidden
+        talker = (self.talker_layers * self._talker_layer + 2 * self.codec_vocab * t + self.text_vocab
+                  * self.text_hidden + self.text_hidden * (self.text_hidden + t))
+        heads = self.num_code_groups - 1  # 15 embeddings (talker width) and 15 lm_heads
+        pred = self._predictor_pass - 2048 * self.predictor_hidden + heads * 2048 * (t + self.predictor_hidden)
+        return (talker + pred) * dtype_bytes + self.decoder_params * 4
+
+    def chunk_gflop(self, frames: int) -> float:
+        """code2wav work for one streamed chunk: conv over frames + 12 context, transformer over + 72."""
+        g = self.decoder_gflop_per_frame
+        return g * (0.96 * (frames + self.conv_context_frames) + 0.04 * (frames + self.decoder_window_frames))
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Measured per-frame times, to replace the estimates. code2wav is per frame of audio at
+    ``code2wav_chunk_frames``-frame chunks."""
+    talker_ms_per_frame: float
+    code2wav_ms_per_frame: float
+    talker_threads: int = 1
+    code2wav_threads: int = 1
+    code2wav_chunk_frames: int = 25
+
+    def __post_init__(self):
+        for name in ("talker_ms_per_frame", "code2wav_ms_per_frame", "talker_threads", "code2wav_threads",
+                     "code2wav_chunk_frames"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"StageTimes.{name} must be > 0, got {getattr(self, name)!r}")
+
+
+# (per-thread GB/s through M=1 GEMV, per-thread GFLOP/s in the conv decoder, label)
+_CORE_PERF = {
+    "arm_sve": (7.0, 40.0, "aarch64 SVE"), "arm": (6.0, 20.0, "aarch64 NEON"),
+    "amx": (5.5, 200.0, "x86 AMX"), "avx512_bf16": (5.5, 120.0, "x86 AVX512_BF16"),
+    "avx512": (5.5, 90.0, "x86 AVX-512"), "avx2": (5.5, 45.0, "x86 AVX2"), "none": (4.0, 10.0, "no SIMD flags"),
+}
+
+
+def amdahl(threads: int, serial: float, max_threads: int) -> float:
+    """Fraction of 1-thread time left at ``threads`` threads."""
+    n = max(1, min(threads, max_threads))
+    return serial + (1 - serial) / n
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """1-thread costs; ``talker_ms(n)`` and ``chunk_ms(frames, n)`` scale them."""
+    geometry: ModelGeometry
+    talker_ms_1: float            # talker + predictor per frame, 1 thread
+    ms_per_gflop_1: float         # code2wav, 1 thread
+    source: str                   # how the numbers were obtained, for reasons
+
+    @classmethod
+    def build(cls, geometry: ModelGeometry, hardware: "HardwareInfo", dtype: str,
+              measured: StageTimes | None = None) -> "CostModel":
+        if measured is not None:
+            t1 = measured.talker_ms_per_frame / amdahl(measured.talker_threads, TALKER_SERIAL, TALKER_MAX_THREADS)
+            c = measured.code2wav_chunk_frames
+            chunk_ms = measured.code2wav_ms_per_frame * c - CHUNK_OVERHEAD_MS
+            g1 = chunk_ms / amdahl(measured.code2wav_threads, CODE2WAV_SERIAL, CODE2WAV_MAX_THREADS)
+            return cls(geometry, t1, max(g1, 1e-6) / geometry.chunk_gflop(c),
+                       f"measured (talker {measured.talker_ms_per_frame:g} ms/frame at {measured.talker_threads} "
+                       f"thr, code2wav {measured.code2wav_ms_per_frame:g} ms/frame at "
+                       f"{measured.code2wav_threads} thr)")
+        key = _perf_key(hardware, dtype)
+        bw, gflops, label = _CORE_PERF[key]
+        native = hardware.native_bf16()[0]
+        nbytes = 2 if dtype == "bfloat16" else 4
+        if dtype == "bfloat16" and not native:
+            gflops /= 3  # emulated bf16 (design note §6.1)
+        gb = geometry.streamed_params_per_frame() * nbytes / 1e9
+        return cls(geometry, gb / bw * 1e3, 1e3 / gflops,
+                   f"estimated for {label} {dtype}: {gb:.2f} GB/frame at {bw:g} GB/s per thread, "
+                   f"code2wav {geometry.decoder_gflop_per_frame:.2f} GFLOP/frame at {gflops:g} GFLOP/s per thread")
+
+    def talker_ms(self, threads: int) -> float:
+        return self.talker_ms_1 * amdahl(threads, TALKER_SERIAL, TALKER_MAX_THREADS)
+
+    def chunk_ms(self, frames: int, threads: int) -> float:
+        return (self.geometry.chunk_gflop(frames) * self.ms_per_gflop_1
+                * amdahl(threads, CODE2WAV_SERIAL, CODE2WAV_MAX_THREADS) + CHUNK_OVERHEAD_MS)
+
+    def code2wav_ms_per_frame(self, threads: int, chunk_frames: int = 25) -> float:
+        return self.chunk_ms(chunk_frames, threads) / chunk_frames
+
+    def frame_ms(self, mode: str, talker_threads: int, code2wav_threads: int, chunk_frames: int = 25) -> float:
+        """Steady-state wall time per frame: pipelined (split) or serialised on shared cores."""
+        t, c = self.talker_ms(talker_threads), self.code2wav_ms_per_frame(code2wav_threads, chunk_frames)
+        return max(t, c) if mode == "split" else (t + c) * SHARED_PENALTY
+
+
+def _perf_key(hw: "HardwareInfo", dtype: str) -> str:
+    f = hw.flags
+    if hw.is_arm:
+        return "arm_sve" if "sve" in f else "arm"
+    if dtype == "bfloat16" and "amx_bf16" in f:
+        return "amx"
+    if dtype == "bfloat16" and "avx512_bf16" in f:
+        return "avx512_bf16"
+    return "avx512" if "avx512f" in f else "avx2" if "avx2" in f else "none"
+
+
+# ---------------------------------------------------------------- streaming playback simulation
+def chunk_schedule(first: int, ramp: Sequence[int], steady: int, total_frames: int) -> list[int]:
+    """Chunk sizes covering ``total_frames``: first, then the ramp, then steady chunks."""
+    sizes, left = [], total_frames
+    for c in (first, *ramp):
+        if left <= 0:
+            break
+        sizes.append(min(c, left))
+        left -= sizes[-1]
+    while left > 0:
+        sizes.append(min(steady, left))
+        left -= sizes[-1]
+    return sizes
+
+
+@dataclass(frozen=True)
+class StreamEstimate:
+    """Predicted streaming behaviour for one request (prefill excluded)."""
+    talker_ms_per_frame: float
+    code2wav_ms_per_frame: float     # steady chunks, overhead included
+    frame_ms: float                  # wall time per frame in steady state
+    rtf: float                       # wall / audio (lower is better; > 1 = slower than real time)
+    ttfa_ms: float                   # first audio after prefill
+    stall_ms: float                  # playback stall over the horizon
+    horizon_frames: int
+    source: str
+
+    def describe(self) -> str:
+        return (f"talker {self.talker_ms_per_frame:.0f} ms/frame, code2wav {self.code2wav_ms_per_frame:.0f} ms/frame"
+                f" -> {self.frame_ms:.0f} ms per 80 ms frame, RTF {self.rtf:.2f} (wall/audio), TTFA "
+                f"{self.ttfa_ms:.0f} ms after prefill, stall {self.stall_ms:.0f} ms over "
+                f"{self.horizon_frames * FRAME_MS / 1000:.0f} s [{self.source}]")
+
+
+def simulate_stream(cost: CostModel, mode: str, talker_threads: int, code2wav_threads: int,
+                    sizes: Sequence[int]) -> tuple[float, float, float]:
+    """(ttfa_ms, stall_ms, wall_ms) for chunk ``sizes``. Split: the stages run concurrently; shared:
+    decoding a chunk holds up the talker (serialised, with ``SHARED_PENALTY``)."""
+    p = cost.talker_ms(talker_threads)
+    t_talk = t_dec = 0.0
+    play_end, stall, ttfa = None, 0.0, 0.0
+    for c in sizes:
+        d = cost.chunk_ms(c, code2wav_threads)
+        if mode == "split":
+            t_talk += c * p
+            t_dec = max(t_dec, t_talk) + d
+        else:
+            t_talk += (c * p + d) * SHARED_PENALTY
+            t_dec = t_talk
+        if play_end is None:
+            ttfa, play_end = t_dec, t_dec
+        elif t_dec > play_end:
+            stall += t_dec - play_end
+            play_end = t_dec
+        play_end += c * FRAME_MS
+    return ttfa, stall, t_dec
+
+
+def estimate(cost: CostModel, mode: str, talker_threads: int, code2wav_threads: int, first: int,
+             ramp: Sequence[int], steady: int, horizon_frames: int = 250) -> StreamEstimate:
+    sizes = chunk_schedule(first, ramp, steady, horizon_frames)
+    ttfa, stall, _ = simulate_stream(cost, mode, talker_threads, code2wav_threads, sizes)
+    frame = cost.frame_ms(mode, talker_threads, code2wav_threads, steady)
+    return StreamEstimate(cost.talker_ms(talker_threads), cost.code2wav_ms_per_frame(code2wav_threads, steady),
+                          frame, frame / FRAME_MS, ttfa, stall, horizon_frames,
+                          cost.source.split(" ")[0])
+
+
+def doubling_ramp(first: int, steady: int) -> tuple[int, ...]:
+    """Chunk sizes between the first and the steady chunk: first x 2, x 4, ... while below steady."""
+    out, c = [], first * 2
+    while c < steady:
+        out.append(c)
+        c *= 2
+    return tuple(out)
+
+
+__all__ = ["ModelGeometry", "StageTimes", "CostModel", "StreamEstimate", "simulate_stream", "estimate",
+           "chunk_schedule", "doubling_ramp", "amdahl", "FRAME_MS"]

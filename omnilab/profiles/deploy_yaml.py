@@ -1,0 +1,224 @@
+"""Deploy profiles as YAML in the vllm-omni deploy format, named presets, and ``resolve_profile``.
+
+Contract: ``profile_to_yaml`` writes the vllm-omni layout (``connectors`` with the codec chunking keys,
+``stages`` with per-stage engine settings, a ``platforms: cpu:`` overlay with each stage's environment:
+``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``VLLM_CPU_KVCACHE_SPACE``, ``LD_PRELOAD``) plus an
+``omnilab:`` block with every field's reason and source, so ``profile_from_yaml(profile_to_yaml(p)) == p``.
+A file or preset may also be partial: ``resolve_profile`` then plans the missing fields (values from the
+file rank below arguments and ``OMNILAB_*`` environment variables). Errors name the file and key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from omnilab.errors import ConfigError
+from omnilab.hardware import format_cpulist
+from omnilab.profiles.cost import StreamEstimate
+from omnilab.profiles.overrides import FIELDS
+from omnilab.profiles.profile import DeployProfile, Resolved
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
+_CONNECTOR = "connector_of_shared_memory"
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def profile_to_yaml(profile: DeployProfile, path: str | os.PathLike | None = None) -> str:
+    v = profile.values()
+    extra: dict[str, Any] = {"codec_streaming": True, "codec_chunk_frames": v["steady_chunk_frames"],
+                             "codec_left_context_frames": v["left_context_frames"],
+                             "initial_codec_chunk_frames": v["first_chunk_frames"]}
+    if v["chunk_ramp_frames"]:
+        extra["codec_chunk_ramp"] = [v["first_chunk_frames"], *v["chunk_ramp_frames"]]
+    common = {"dtype": v["dtype"], "enforce_eager": True, "enable_prefix_caching": False}
+    stages = [
+        {"stage_id": 0, "stage_name": "talker", **common, "max_num_seqs": v["max_num_seqs"],
+         "max_model_len": v["max_model_len"], "kv_cache_memory_bytes": v["kv_cache_bytes"],
+         "tensor_parallel_size": v["talker_tp_size"], "output_connectors": {"to_stage_1": _CONNECTOR}},
+        {"stage_id": 1, "stage_name": "code2wav", **common, "input_connectors": {"from_stage_0": _CONNECTOR}},
+    ]
+    cpu_stages = []
+    for i, stage in enumerate(("talker", "code2wav")):
+        env = {k: val for k, val in profile.to_env(stage).items() if not k.startswith("OMNILAB_")}
+        env.setdefault("LD_PRELOAD", "")
+        cpu_stages.append({"stage_id": i, "env": env})
+    doc = {
+        "name": profile.name, "async_chunk": True,
+        "connectors": {_CONNECTOR: {"name": "SharedMemoryConnector", "extra": extra}},
+        "stages": stages,
+        "platforms": {"cpu": {"stage_mode": v["mode"], "reserved_cpus": format_cpulist(v["reserved_cpus"]),
+                              "stages": cpu_stages}},
+        "omnilab": {"format": 1, "hardware": profile.hardware, "memory_cap_bytes": profile.memory_cap_bytes,
+                    "estimate": dataclasses.asdict(profile.estimate) if profile.estimate else None,
+                    "warnings": list(profile.warnings),
+                    "reasons": {k: {"source": r.source, "reason": r.reason} for k, r in profile.resolved().items()}},
+    }
+    head = (f"# omnilab deploy profile {profile.name!r}: vllm-omni deploy format (stages + platforms.cpu overlay).\n"
+            + (f"# planned on: {profile.hardware}\n" if profile.hardware else "")
+            + (f"# estimate: {profile.estimate.describe()}\n" if profile.estimate else ""))
+    text = head + yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)
+    if path is not None:
+        Path(path).write_text(text)
+    return text
+
+
+def load_yaml_doc(source: Any) -> tuple[dict, str]:
+    """(document, label) from a path, YAML text or a mapping; malformed YAML -> ``ConfigError``."""
+    if isinstance(source, Mapping):
+        return dict(source), "<mapping>"
+    text, label = None, "<yaml text>"
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
+                                            and source.rstrip().endswith((".yaml", ".yml"))):
+        label = str(source)
+        try:
+            text = Path(source).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read deploy profile {label}: {e.strerror or e}") from None
+    elif isinstance(source, str):
+        text = source
+    else:
+        raise ConfigError(f"deploy profile source must be a path, YAML text or a mapping, got {type(source).__name__}")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{label} is not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{label}: expected a YAML mapping at the top level, got {type(doc).__name__}")
+    return doc, label
+
+
+def _by_id(items: Any, where: str) -> dict[int, dict]:
+    if items is None:
+        return {}
+    if not isinstance(items, list) or not all(isinstance(s, dict) and "stage_id" in s for s in items):
+        raise ConfigError(f"{where} must be a list of mappings with a stage_id")
+    return {int(s["stage_id"]): s for s in items}
+
+
+def values_from_doc(doc: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """Field values a deploy document sets (possibly a subset), parsed and validated."""
+    raw: dict[str, tuple[Any, str]] = {}
+    conn = (doc.get("connectors") or {}).get(_CONNECTOR, {}) or {}
+    extra = conn.get("extra") or {}
+    stages = _by_id(doc.get("stages"), "stages")
+    cpu = (doc.get("platforms") or {}).get("cpu") or {}
+    cpu_stages = _by_id(cpu.get("stages"), "platforms.cpu.stages")
+    if "codec_chunk_ramp" in extra:
+        ramp = extra["codec_chunk_ramp"]
+        if not isinstance(ramp, list) or not ramp:
+            raise ConfigError(f"{label}: connectors.{_CONNECTOR}.extra.codec_chunk_ramp must be a non-empty list, "
+                              f"got {ramp!r}")
+        raw["first_chunk_frames"] = (ramp[0], "codec_chunk_ramp[0]")
+        raw["chunk_ramp_frames"] = (ramp[1:], "codec_chunk_ramp")
+    elif "initial_codec_chunk_frames" in extra:
+        raw["first_chunk_frames"] = (extra["initial_codec_chunk_frames"], "initial_codec_chunk_frames")
+        raw["chunk_ramp_frames"] = ((), "codec_chunk_ramp")
+    for key, fld in (("codec_chunk_frames", "steady_chunk_frames"), ("codec_left_context_frames",
+                                                                      "left_context_frames")):
+        if key in extra:
+            raw[fld] = (extra[key], key)
+    s0, s1 = stages.get(0, {}), stages.get(1, {})
+    for key, fld in (("dtype", "dtype"), ("max_num_seqs", "max_num_seqs"), ("max_model_len", "max_model_len"),
+                     ("tensor_parallel_size", "talker_tp_size")):
+        if key in s0:
+            raw[fld] = (s0[key], f"stages[0].{key}")
+    if "dtype" in s1 and "dtype" in s0 and str(s1["dtype"]) != str(s0["dtype"]):
+        raise ConfigError(f"{label}: stage dtypes differ ({s0['dtype']!r} vs {s1['dtype']!r}); one dtype is used")
+    e0, e1 = (cpu_stages.get(i, {}).get("env") or {} for i in (0, 1))
+    if "kv_cache_memory_bytes" in s0:
+        raw["kv_cache_bytes"] = (s0["kv_cache_memory_bytes"], "stages[0].kv_cache_memory_bytes")
+    elif "VLLM_CPU_KVCACHE_SPACE" in e0:
+        raw["kv_cache_bytes"] = (float(e0["VLLM_CPU_KVCACHE_SPACE"]) * (1 << 30), "VLLM_CPU_KVCACHE_SPACE (GiB)")
+    for env, prefix in ((e0, "talker"), (e1, "code2wav")):
+        if "VLLM_CPU_OMP_THREADS_BIND" in env:
+            raw[f"{prefix}_cpus"] = (str(env["VLLM_CPU_OMP_THREADS_BIND"]), "VLLM_CPU_OMP_THREADS_BIND")
+        if "OMP_NUM_THREADS" in env:
+            raw[f"{prefix}_threads"] = (env["OMP_NUM_THREADS"], "OMP_NUM_THREADS")
+    if "LD_PRELOAD" in e0:
+        raw["preload"] = (e0["LD_PRELOAD"] or "none", "LD_PRELOAD")
+    if "stage_mode" in cpu:
+        raw["mode"] = (cpu["stage_mode"], "platforms.cpu.stage_mode")
+    if "reserved_cpus" in cpu:
+        raw["reserved_cpus"] = (cpu["reserved_cpus"] if cpu["reserved_cpus"] not in ("", None, []) else "none",
+                                "platforms.cpu.reserved_cpus")
+    out = {}
+    for fld, (value, key) in raw.items():
+        where = f"{label}: {key}"
+        if fld == "kv_cache_bytes":
+            try:
+                out[fld] = int(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}={value!r}: expected a number of bytes") from None
+            if out[fld] < 1:
+                raise ConfigError(f"{where}={value!r}: must be positive")
+        else:
+            out[fld] = FIELDS[fld][1](value, where)
+    return out
+
+
+def profile_from_yaml(source: Any) -> DeployProfile:
+    """A complete profile from YAML (path, text or mapping). Partial files: use ``resolve_profile``."""
+    doc, label = load_yaml_doc(source)
+    values = values_from_doc(doc, label)
+    missing = [f for f in FIELDS if f not in values]
+    if missing:
+        raise ConfigError(f"{label} is not a complete deploy profile (missing {', '.join(missing)}); "
+                          f"resolve_profile({label!r}) plans the missing fields")
+    meta = doc.get("omnilab") or {}
+    reasons = meta.get("reasons") or {}
+    fields = {}
+    for f, v in values.items():
+        r = reasons.get(f) or {}
+        fields[f] = Resolved(v, str(r.get("reason") or f"from {label}"), str(r.get("source") or f"file {label}"))
+    est = meta.get("estimate")
+    try:
+        estimate = StreamEstimate(**est) if est else None
+    except TypeError as e:
+        raise ConfigError(f"{label}: omnilab.estimate is malformed: {e}") from None
+    return DeployProfile(name=str(doc.get("name") or Path(label).stem), estimate=estimate,
+                         memory_cap_bytes=meta.get("memory_cap_bytes"), hardware=str(meta.get("hardware") or ""),
+                         warnings=tuple(meta.get("warnings") or ()), **fields)
+
+
+def resolve_profile(spec: Any = "auto", *, hardware=None, model_config=None, env: Mapping[str, str] | None = None,
+                    **plan_kwargs: Any) -> DeployProfile:
+    """What ``Pipeline.from_pretrained(..., deploy_profile=spec)`` applies.
+
+    ``spec``: ``"auto"`` (plan everything), a preset name (``list_presets()``), a YAML path, or a
+    ``DeployProfile``. A complete file with no ``OMNILAB_*`` variable set loads as written; otherwise its
+    values become planner defaults. The result is checked against ``hardware`` (probed if None).
+    """
+    from omnilab.hardware import probe_hardware
+    from omnilab.profiles.planner import plan
+    hw = hardware or probe_hardware()
+    env = os.environ if env is None else env
+    if isinstance(spec, DeployProfile):
+        return dataclasses.replace(spec, warnings=tuple(spec.check(hw)))
+    if spec is None or spec == "auto":
+        return plan(hw, model_config, env=env, **plan_kwargs)
+    if isinstance(spec, str) and spec in list_presets():
+        path, source, name = PRESET_DIR / f"{spec}.yaml", f"preset {spec}", spec
+    elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_file():
+        path, source, name = Path(spec), f"file {spec}", Path(spec).stem
+    elif isinstance(spec, Mapping):
+        path, source, name = spec, "mapping", str(spec.get("name") or "custom")
+    else:
+        raise ConfigError(f"unknown deploy profile {spec!r}: not 'auto', not a preset ({', '.join(list_presets())}) "
+                          f"and not an existing YAML file")
+    doc, label = load_yaml_doc(path)
+    values = values_from_doc(doc, label)
+    env_set = any(str(env.get(var, "")).strip() for var, _, _ in FIELDS.values())
+    if len(values) == len(FIELDS) and not env_set and not plan_kwargs:
+        profile = profile_from_yaml(doc if isinstance(path, Mapping) else path)
+        return dataclasses.replace(profile, name=name, warnings=tuple(profile.check(hw)))
+    return plan(hw, model_config, defaults=values, defaults_source=source, env=env,
+                name=str(doc.get("name") or name), **plan_kwargs)

@@ -1,0 +1,386 @@
+"""``plan(hardware, model_config)`` -> ``DeployProfile``: every knob sized for one machine, with reasons.
+
+Contract: pure function of (``HardwareInfo``, model geometry, optional measured ``StageTimes``, override
+layers). Order: dtype -> cost model -> reserved CPUs -> stage placement (mode, TP, threads, CPU lists) ->
+KV budget -> chunking -> preload. Placement enumerates candidates (shared cores; split within a node;
+split across nodes), scores them with the cost model and keeps the fastest steady state, preferring an
+earlier first audio and then fewer CPUs among those within 3 %. Every CPU list stays inside one NUMA node
+and holds one CPU per physical core (the first SMT thread). Fixed values the machine cannot honour raise
+``ConfigError`` naming the value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from omnilab.errors import ConfigError
+from omnilab.hardware import GiB, HardwareInfo, format_cpulist, probe_hardware
+from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, SHARED_PENALTY, CostModel, ModelGeometry, StageTimes,
+                                   doubling_ramp, estimate)
+from omnilab.profiles.overrides import Overrides
+from omnilab.profiles.profile import BLOCK_SIZE, DeployProfile, Resolved
+
+RUNTIME_BYTES_PER_PROCESS = 3 * GiB // 4   # torch + vLLM import RSS per process (engine core, 2 workers)
+NUM_PROCESSES = 3
+DEFAULT_MAX_MODEL_LEN = 4096               # vllm-omni talker default
+RESERVE_FROM_CORES = 8                     # reserve a front-end core only when the compute budget is >= this
+NEAR_BEST = 1.03
+FIRST_CHOICES, STEADY_CHOICES = (1, 2, 3, 4, 6, 8, 12), (8, 12, 16, 25, 32, 50)
+
+
+@dataclass(frozen=True)
+class _Cand:
+    mode: str
+    ranks: tuple[tuple[int, ...], ...]
+    code2wav: tuple[int, ...]
+    talker_ms: float
+    code2wav_ms: float
+    frame_ms: float
+    ttfa_ms: float
+    where: str           # talker node(s)
+    c2w_where: str       # code2wav node
+
+    @property
+    def num_cpus(self) -> int:
+        return len({c for r in self.ranks for c in r} | set(self.code2wav))
+
+    def describe(self) -> str:
+        t = " | ".join(format_cpulist(r) for r in self.ranks)
+        return (f"{self.mode} talker {len(self.ranks[0])} thr [{t}] + code2wav {len(self.code2wav)} thr "
+                f"[{format_cpulist(self.code2wav)}]: {self.frame_ms:.0f} ms/frame")
+
+
+def as_geometry(model_config: Any) -> ModelGeometry:
+    """``Qwen3TTSConfig`` | ``ModelGeometry`` | checkpoint dir or config.json path | None (released 0.6B)."""
+    from omnilab.config import Qwen3TTSConfig, SpeechTokenizerConfig
+    if model_config is None:
+        return ModelGeometry.released("0b6")
+    if isinstance(model_config, ModelGeometry):
+        return model_config
+    if isinstance(model_config, Qwen3TTSConfig):
+        return ModelGeometry.from_config(model_config)
+    path = Path(model_config)
+    cfg_path = path / "config.json" if path.is_dir() else path
+    cfg = Qwen3TTSConfig.load(cfg_path)
+    st = cfg_path.parent / "speech_tokenizer" / "config.json"
+    decoder = SpeechTokenizerConfig.load(st).decoder if st.exists() else None
+    return ModelGeometry.from_config(cfg, decoder, name=f"{cfg.tts_model_type} {cfg.tts_model_size} ({cfg_path.parent})")
+
+
+def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_concurrency: int | None = None,
+         max_model_len: int | None = None, stage_times: StageTimes | None = None,
+         overrides: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None,
+         defaults_source: str = "preset", env: Mapping[str, str] | None = None, name: str = "auto") -> DeployProfile:
+    """Size both stages for ``hardware`` (probed if None) and ``model_config`` (see ``as_geometry``).
+
+    Args:
+        max_concurrency: concurrent requests (``max_num_seqs``); default 1.
+        max_model_len: talker context in tokens; default 4096 (about 5 min of audio at 12.5 tokens/s).
+        stage_times: measured per-frame times; otherwise they are estimated from bytes and FLOPs per frame.
+        overrides: field -> value (see ``omnilab.profiles.overrides.FIELDS``), source "argument".
+        defaults: preset or file values, below arguments; ``defaults_source`` labels them.
+        env: environment (default ``os.environ``); ``OMNILAB_*`` variables win over everything.
+    """
+    hw = hardware or probe_hardware()
+    geo = as_geometry(model_config)
+    args = dict(overrides or {})
+    args.setdefault("max_num_seqs", max_concurrency)
+    args.setdefault("max_model_len", max_model_len)
+    ov = Overrides(os.environ if env is None else env, args, defaults, defaults_source)
+    dtype = _dtype(hw, ov)
+    cost = CostModel.build(geo, hw, dtype.value, stage_times)
+    reserved, pools, budget = _reserve(hw, ov)
+    placed = _place(hw, cost, ov, reserved.value, pools, budget)
+    tp = placed["talker_tp_size"].value
+    cost_tp = dataclasses.replace(cost, talker_ms_1=cost.talker_ms_1 / tp) if tp > 1 else cost
+    mem, cap = _memory(hw, geo, dtype.value, ov)
+    chunks, est = _chunking(cost_tp, geo, ov, placed)
+    profile = DeployProfile(name=name, reserved_cpus=reserved, dtype=dtype, preload=_preload(hw, ov), **placed,
+                            **mem, **chunks, estimate=est, memory_cap_bytes=cap, hardware=_hw_line(hw))
+    return dataclasses.replace(profile, warnings=tuple(profile.check(hw)))
+
+
+def _hw_line(hw: HardwareInfo) -> str:
+    return (f"{hw.model_name or hw.arch} ({hw.source}): {len(hw.usable_cpus)} usable CPUs on "
+            f"{len(hw.usable_cores)} cores, {len(hw.nodes)} NUMA node(s), {'/'.join(hw.isa[-1:]) or 'no SIMD'}, "
+            f"{hw.memory_available_bytes / GiB:.1f} GiB usable")
+
+
+def _set(src: str, extra: str = "") -> str:
+    return f"set by {src}" + (f"; {extra}" if extra else "")
+
+
+# ---------------------------------------------------------------- dtype
+def _dtype(hw: HardwareInfo, ov: Overrides) -> Resolved[str]:
+    native, why = hw.native_bf16()
+    o = ov.get("dtype")
+    if o:
+        note = "" if o[0] == "float32" or native else f"warning: {why}"
+        return Resolved(o[0], _set(o[1], note), o[1])
+    if native:
+        return Resolved("bfloat16", f"{why}: native bf16 halves the bytes per frame", "auto")
+    return Resolved("float32", f"{why}; fp32 (bf16 only with avx512_bf16, AMX or Arm bf16)", "auto")
+
+
+# ---------------------------------------------------------------- reserved CPUs and core pools
+def _reserve(hw: HardwareInfo, ov: Overrides):
+    cores = hw.usable_cores
+    if not cores:
+        raise ConfigError(f"no usable CPU: affinity mask {format_cpulist(hw.affinity_cpus)!r} holds no online CPU")
+    quota_note = f" (cgroup quota {hw.cpu_quota:g} CPUs)" if hw.cpu_quota and hw.cpu_quota < len(cores) else ""
+    budget = max(1, min(math.floor(hw.cpu_limit), len(cores)))
+    o = ov.get("reserved_cpus")
+    if o:
+        reserved = Resolved(o[0], _set(o[1], "kept free for the notebook kernel / front-end"), o[1])
+    elif budget >= RESERVE_FROM_CORES:
+        first = cores[0]
+        reserved = Resolved(first.cpus, f"1 physical core (CPU {format_cpulist(first.cpus)}) kept for the notebook "
+                            f"kernel / vLLM front-end, as vLLM recommends; {budget} cores of compute{quota_note}")
+    else:
+        reserved = Resolved((), f"none: {budget} CPU(s) of compute{quota_note} < {RESERVE_FROM_CORES}; the front-end "
+                            f"needs ~0.1 ms per step, a reserved core would cost {1 / budget:.0%} of the compute")
+    taken = set(reserved.value)
+    pools: dict[int, list[int]] = {}
+    for c in cores:
+        if not taken & set(c.cpus):
+            pools.setdefault(c.node, []).append(c.cpus[0])
+    if not pools:
+        raise ConfigError(f"no CPU left for the stages after reserving {format_cpulist(taken)} "
+                          f"(usable: {format_cpulist(hw.usable_cpus)})")
+    budget = min(budget, sum(map(len, pools.values())))
+    return reserved, pools, budget
+
+
+# ---------------------------------------------------------------- placement
+def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = "") -> _Cand:
+    tp, nt, nc = len(ranks), len(ranks[0]), len(c2w)
+    allreduce = 0.0 if tp == 1 else 0.05 * 2 * (cost.geometry.talker_layers + 15 * cost.geometry.predictor_layers)
+    t = cost.talker_ms(nt) / tp + allreduce
+    c = cost.code2wav_ms_per_frame(nc)
+    frame = max(t, c) if mode == "split" else (t + c) * SHARED_PENALTY
+    return _Cand(mode, tuple(map(tuple, ranks)), tuple(c2w), t, c, frame, t + cost.chunk_ms(1, nc), where,
+                 c2w_where or where)
+
+
+def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
+    mode_f, tp, nt_f, nc_f, ranks_f, c2w_f = (fixed.get(k) for k in ("mode", "tp", "nt", "nc", "ranks", "c2w"))
+    tp = len(ranks_f) if ranks_f else tp or 1
+    nodes = sorted(pools, key=lambda n: (-len(pools[n]), n))
+    talkers = []  # (ranks, node ids)
+    if ranks_f:
+        talkers.append((ranks_f, None))
+    else:
+        for i in range(len(nodes) - tp + 1):  # tp > 1: one rank per node, on the largest nodes
+            group = nodes[i:i + tp]
+            most = min(len(pools[n]) for n in group)
+            for nt in ([nt_f] if nt_f else range(1, min(most, budget) + 1)):
+                if nt <= most and nt * tp <= budget:
+                    talkers.append((tuple(tuple(pools[n][:nt]) for n in group), group))
+    out = []
+    for ranks, group in talkers:
+        used = {c for r in ranks for c in r}
+        where = f"NUMA node {', '.join(map(str, group))}" if group else "the given talker CPUs"
+        if mode_f in (None, "shared") and tp == 1:
+            for nc in ([nc_f] if nc_f else [1]):
+                c2w = c2w_f or ranks[0][-nc:]
+                if len(ranks[0]) >= nc and set(c2w) <= used:
+                    out.append(_score(cost, "shared", ranks, c2w, where))
+        if mode_f in (None, "split"):
+            if c2w_f:  # explicit lists are the caller's choice; check() warns about the quota
+                if not used & set(c2w_f):
+                    out.append(_score(cost, "split", ranks, c2w_f, where))
+                continue
+            for n in nodes:
+                free = [c for c in pools[n] if c not in used]
+                same = bool(group) and n in group
+                for nc in ([nc_f] if nc_f else range(1, min(len(free), CODE2WAV_MAX_THREADS // 2) + 1)):
+                    if 1 <= nc <= len(free) and len(used) + nc <= budget:
+                        c2w = free[-nc:] if same else free[:nc]
+                        out.append(_score(cost, "split", ranks, c2w, where, f"NUMA node {n}"))
+    return out
+
+
+def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, budget) -> dict[str, Resolved]:
+    got = {k: ov.get(k) for k in ("mode", "talker_tp_size", "talker_threads", "talker_cpus", "code2wav_threads",
+                                  "code2wav_cpus")}
+    ranks_f = got["talker_cpus"][0] if got["talker_cpus"] else None
+    if ranks_f and got["talker_tp_size"] and got["talker_tp_size"][0] != len(ranks_f):
+        raise ConfigError(f"talker_tp_size={got['talker_tp_size'][0]} ({got['talker_tp_size'][1]}) but talker_cpus "
+                          f"{'|'.join(map(format_cpulist, ranks_f))!r} ({got['talker_cpus'][1]}) has {len(ranks_f)} rank(s)")
+    for k, lst in (("talker_threads", ranks_f and ranks_f[0]), ("code2wav_threads", got["code2wav_cpus"] and
+                                                                got["code2wav_cpus"][0])):
+        if got[k] and lst and got[k][0] != len(lst):
+            raise ConfigError(f"{k}={got[k][0]} ({got[k][1]}) but the matching CPU list {format_cpulist(lst)!r} "
+                              f"has {len(lst)} CPUs (one thread per listed CPU)")
+    fixed = {"mode": got["mode"] and got["mode"][0], "tp": got["talker_tp_size"] and got["talker_tp_size"][0],
+             "nt": got["talker_threads"] and got["talker_threads"][0], "ranks": ranks_f,
+             "nc": got["code2wav_threads"] and got["code2wav_threads"][0],
+             "c2w": got["code2wav_cpus"] and got["code2wav_cpus"][0]}
+    if fixed["tp"] and fixed["tp"] > 1 and fixed["mode"] == "shared":
+        raise ConfigError(f"mode 'shared' ({got['mode'][1]}) needs talker_tp_size 1, got {fixed['tp']}")
+    if fixed["tp"] and fixed["tp"] > len(pools) and not ranks_f:
+        raise ConfigError(f"talker_tp_size={fixed['tp']} ({got['talker_tp_size'][1]}) needs one NUMA node per rank; "
+                          f"this machine has {len(pools)} node(s) with usable cores")
+    cands = _candidates(cost, pools, budget, fixed)
+    if not cands:
+        given = ", ".join(f"{k}={v!r}" for k, v in fixed.items() if v)
+        raise ConfigError(f"no CPU placement satisfies {given or 'the defaults'}: usable physical cores per NUMA node "
+                          f"{ {n: format_cpulist(p) for n, p in pools.items()} } after reserving "
+                          f"{format_cpulist(reserved) or 'none'}, compute budget {budget} CPUs")
+    best = min(c.frame_ms for c in cands)
+    near = [c for c in cands if c.frame_ms <= best * NEAR_BEST]
+    ttfa0 = min(c.ttfa_ms for c in near)
+    # among layouts within 3 % of the fastest: split first (no time-slicing), then earlier audio, then fewer CPUs
+    pick = min(near, key=lambda c: (c.mode != "split", round(c.ttfa_ms / max(ttfa0 * 0.05, 1e-9)), c.num_cpus))
+    others = [c for c in cands if c.mode != pick.mode]
+    alt = min(others, key=lambda c: c.frame_ms) if others else None
+    return _explain(pick, alt, got, cost, pools, hw)
+
+
+def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: HardwareInfo) -> dict[str, Resolved]:
+    def res(key: str, value, auto_reason: str) -> Resolved:
+        return Resolved(value, _set(got[key][1]), got[key][1]) if got[key] else Resolved(value, auto_reason)
+
+    nt, nc, tp = len(pick.ranks[0]), len(pick.code2wav), len(pick.ranks)
+    vs = f"; best {alt.mode} layout: {alt.describe()}" if alt else ""
+    smt = ", SMT siblings left idle" if hw.threads_per_core > 1 else ""
+    if pick.mode == "shared":
+        why = (f"est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks: the talker gets every core and code2wav runs 1 thread on talker "
+               f"CPU {pick.code2wav[-1]} (one thread has no OpenMP barrier, so time-slicing cannot gang-stall it)")
+    else:
+        why = (f"est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks = max(talker {pick.talker_ms:.0f}, code2wav "
+               f"{pick.code2wav_ms:.0f}): the stages run concurrently on disjoint cores")
+    node_sizes = ", ".join(f"node {n}: {len(p)}" for n, p in sorted(pools.items()))
+    return {
+        "mode": res("mode", pick.mode, f"{pick.mode}: {why}{vs}"),
+        "talker_tp_size": res("talker_tp_size", tp, "1: at batch 1 a talker step is ~100 small GEMVs per frame; "
+                              "tensor parallelism adds an all-reduce per layer across NUMA nodes, so one node's cores "
+                              "are used (OMNILAB_TALKER_TP=2 puts one rank per node)"),
+        "talker_threads": res("talker_threads", nt, f"{nt} thread(s), est. {pick.talker_ms:.0f} ms/frame "
+                              f"({cost.source}); usable physical cores per node: {node_sizes}; more threads gain "
+                              f"< {NEAR_BEST - 1:.0%} or take cores code2wav needs"),
+        "talker_cpus": res("talker_cpus", pick.ranks, f"{pick.where}" + (", one rank per node" if tp > 1 else "")
+                           + f": one CPU per physical core (first SMT thread{smt}), never across a NUMA node"),
+        "code2wav_threads": res("code2wav_threads", nc, f"{nc} thread(s), est. {pick.code2wav_ms:.0f} ms/frame at "
+                                f"25-frame chunks vs talker {pick.talker_ms:.0f} ms/frame; first-chunk decode "
+                                f"{cost.chunk_ms(1, nc):.0f} ms"),
+        "code2wav_cpus": res("code2wav_cpus", pick.code2wav, "the talker's last core (shared mode)" if pick.mode ==
+                             "shared" else f"{pick.c2w_where}, disjoint from the talker; one CPU per physical core"),
+    }
+
+
+# ---------------------------------------------------------------- memory and KV budget
+def _memory(hw: HardwareInfo, geo: ModelGeometry, dtype: str, ov: Overrides):
+    nbytes = 2 if dtype == "bfloat16" else 4
+    per_tok = geo.kv_bytes_per_token(nbytes)
+    avail = hw.memory_available_bytes
+    weights = geo.resident_bytes(nbytes)
+    runtime = NUM_PROCESSES * RUNTIME_BYTES_PER_PROCESS
+    margin = max(GiB // 2, avail // 20)
+    cap = avail - weights - runtime - margin
+    cg = " capped by the cgroup limit" if hw.cgroup_memory_limit_bytes else ""
+    cap_why = (f"memory cap {cap / GiB:.2f} GiB = usable {avail / GiB:.2f} GiB (MemAvailable{cg}) - weights "
+               f"{weights / GiB:.2f} GiB - runtime {runtime / GiB:.2f} GiB - margin {margin / GiB:.2f} GiB")
+    block = BLOCK_SIZE * per_tok
+
+    def need(seqs: int, length: int) -> int:  # vLLM keeps one block in reserve
+        return (seqs * -(-length // BLOCK_SIZE) + 1) * block
+
+    so, lo, ko = ov.get("max_num_seqs"), ov.get("max_model_len"), ov.get("kv_cache_bytes")
+    seqs = so[0] if so else 1
+    length = lo[0] if lo else min(DEFAULT_MAX_MODEL_LEN, geo.max_position_embeddings)
+    if length > geo.max_position_embeddings:
+        raise ConfigError(f"max_model_len={length} ({lo[1]}) exceeds the talker's max_position_embeddings "
+                          f"{geo.max_position_embeddings}")
+    if cap < 2 * block:
+        raise ConfigError(f"not enough memory for {geo.name} in {dtype}: {cap_why}")
+    seq_why = _set(so[1]) if so else "1 stream at a time (notebook use); pass max_concurrency= for serving"
+    len_why = _set(lo[1]) if lo else (f"{length} tokens (vllm-omni talker default): about "
+                                      f"{(length - 100) / 12.5 / 60:.1f} min of audio at 12.5 frames/s")
+    if ko:
+        kv = ko[0]
+        if kv > cap:
+            raise ConfigError(f"kv_cache_bytes {kv / GiB:.2f} GiB ({ko[1]}) is above the {cap_why}")
+        if kv < need(1, length):
+            raise ConfigError(f"kv_cache_bytes {kv / GiB:.2f} GiB ({ko[1]}) cannot hold one {length}-token sequence "
+                              f"(needs {need(1, length) / GiB:.2f} GiB at {per_tok} B/token)")
+        kv_why = _set(ko[1], f"holds {kv // per_tok} tokens at {per_tok} B/token; {cap_why}")
+    else:
+        if need(seqs, length) > cap:
+            if lo:
+                raise ConfigError(f"max_num_seqs {seqs} x max_model_len {length} ({lo[1]}) needs "
+                                  f"{need(seqs, length) / GiB:.2f} GiB of KV cache, above the {cap_why}")
+            length = ((cap // block - 1) // seqs) * BLOCK_SIZE
+            if length < 2 * BLOCK_SIZE:
+                raise ConfigError(f"max_num_seqs {seqs} ({so[1] if so else 'auto'}) leaves under 256 tokens of KV "
+                                  f"per sequence: {cap_why}")
+            len_why = f"{length} tokens: the most that fits the {cap_why} at {per_tok} B/token"
+        kv = need(seqs, length)
+        whole = -(-kv // GiB) * GiB
+        rounded = whole <= cap
+        kv_why = (f"{seqs} seq x {length} tokens x {per_tok} B/token ({geo.talker_layers} layers x 2 x "
+                  f"{geo.talker_kv_heads} kv heads x {geo.talker_head_dim} x {nbytes} B; {BLOCK_SIZE}-token blocks "
+                  f"+ 1 spare) = {kv / GiB:.2f} GiB"
+                  + (f", rounded up to {whole // GiB} GiB so VLLM_CPU_KVCACHE_SPACE is exact" if rounded else "")
+                  + f"; {cap_why}")
+        kv = whole if rounded else kv
+    return ({"max_num_seqs": Resolved(seqs, seq_why, so[1] if so else "auto"),
+             "max_model_len": Resolved(length, len_why, lo[1] if lo else "auto"),
+             "kv_cache_bytes": Resolved(kv, kv_why, ko[1] if ko else "auto")}, cap)
+
+
+# ---------------------------------------------------------------- chunking
+def _chunking(cost: CostModel, geo: ModelGeometry, ov: Overrides, placed: dict[str, Resolved]):
+    mode, nt, nc = placed["mode"].value, placed["talker_threads"].value, placed["code2wav_threads"].value
+    fo, ro, so, lo = (ov.get(k) for k in ("first_chunk_frames", "chunk_ramp_frames", "steady_chunk_frames",
+                                          "left_context_frames"))
+    trials = []
+    for s in ([so[0]] if so else STEADY_CHOICES):
+        for f in ([fo[0]] if fo else [x for x in FIRST_CHOICES if x <= s]):
+            for ramp in ([ro[0]] if ro else {doubling_ramp(f, s), ()}):
+                trials.append((estimate(cost, mode, nt, nc, f, ramp, s), f, ramp, s))
+    ok = [t for t in trials if t[0].stall_ms <= 1.0]
+    if ok:
+        e, f, ramp, s = min(ok, key=lambda t: (round(t[0].ttfa_ms / 10), round(t[0].rtf, 2), abs(t[3] - 25),
+                                               len(t[2])))
+        why = (f"no playback stall over {e.horizon_frames * 0.08:.0f} s with the earliest first audio: TTFA "
+               f"{e.ttfa_ms:.0f} ms after prefill, RTF {e.rtf:.2f} (wall/audio)")
+    else:
+        e, f, ramp, s = min(trials, key=lambda t: (round(t[0].rtf, 2), round(t[0].ttfa_ms / 10), abs(t[3] - 25),
+                                                   len(t[2])))
+        if e.rtf > 1:
+            why = (f"RTF {e.rtf:.2f} > 1 (wall/audio): audio comes slower than real time, so playback stalls "
+                   f"whatever the chunking; buffer ~{1 - 1 / e.rtf:.0%} of an utterance before playing to avoid it. "
+                   f"These sizes give the least wall time, then the earliest first audio (TTFA {e.ttfa_ms:.0f} ms)")
+        else:
+            why = f"no schedule avoids a stall; least stall {e.stall_ms:.0f} ms, TTFA {e.ttfa_ms:.0f} ms"
+    lc = lo[0] if lo else geo.decoder_window_frames
+    return ({"first_chunk_frames": Resolved(f, _set(fo[1]) if fo else f"{f}: {why}", fo[1] if fo else "auto"),
+             "chunk_ramp_frames": Resolved(tuple(ramp), _set(ro[1]) if ro else (
+                 "doubling from the first chunk up to the steady size, so each chunk decodes while the previous one "
+                 "plays" if ramp else "none: straight from the first chunk to steady chunks") + f" ({why})",
+                                           ro[1] if ro else "auto"),
+             "steady_chunk_frames": Resolved(s, _set(so[1]) if so else f"{s}: code2wav recomputes 12 conv frames per "
+                                             f"chunk, x{(s + 12) / s:.2f} work at {s} frames; {why}",
+                                             so[1] if so else "auto"),
+             "left_context_frames": Resolved(lc, _set(lo[1]) if lo else f"{lc}: the decoder's sliding attention "
+                                             "window; the retained context must cover it", lo[1] if lo else "auto")}, e)
+
+
+# ---------------------------------------------------------------- preload
+def _preload(hw: HardwareInfo, ov: Overrides) -> Resolved[tuple[str, ...]]:
+    o = ov.get("preload")
+    if o:
+        return Resolved(o[0], _set(o[1], "" if o[0] else "nothing preloaded"), o[1])
+    libs = [p for p in (hw.tcmalloc_path, None if hw.is_arm else hw.iomp5_path) if p]
+    missing = [n for n, p in (("libtcmalloc", hw.tcmalloc_path), ("libiomp5", hw.iomp5_path)) if not p
+               and not (n == "libiomp5" and hw.is_arm)]
+    why = ("tcmalloc cuts allocator overhead; Intel OpenMP (libiomp5) is what vLLM's CPU docs ask for on x86"
+           if libs else "nothing found to preload; vLLM then preloads torch's libgomp itself")
+    if missing:
+        why += f"; not found: {', '.join(missing)} (apt libgoogle-perftools4 / pip intel-openmp)"
+    return Resolved(tuple(libs), why, "auto")

@@ -1,0 +1,261 @@
+"""``DeployProfile``: the resolved deployment of the two stages (talker, code2wav) on CPUs.
+
+Contract: a frozen dataclass whose every decision is a ``Resolved(value, reason, source)``. It
+validates its own consistency on construction (thread counts match CPU lists, split-mode lists are
+disjoint, nothing runs on reserved CPUs) and against a machine with ``check(hardware)`` (CPUs inside
+the affinity mask, KV budget under the memory cap). It renders what the stage workers need:
+``to_env(stage)`` (``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``LD_PRELOAD``, ...),
+``engine_args(stage)`` and ``chunk_sizes(n)``. Planning lives in ``planner.py``, YAML in ``deploy_yaml.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from omnilab.errors import ConfigError
+from omnilab.hardware import GiB, format_cpulist, html_table
+from omnilab.profiles.cost import StreamEstimate, chunk_schedule
+
+if TYPE_CHECKING:
+    from omnilab.hardware import HardwareInfo
+
+T = TypeVar("T")
+STAGES = ("talker", "code2wav")
+MODES = ("split", "shared")
+DTYPES = ("float32", "bfloat16")
+BLOCK_SIZE = 128  # vLLM CPU default KV block size (tokens)
+
+
+@dataclass(frozen=True)
+class Resolved(Generic[T]):
+    """A decided value, why it has that value, and who decided (auto, env NAME, argument, preset, file)."""
+    value: T
+    reason: str
+    source: str = "auto"
+
+    def __repr__(self) -> str:
+        return f"{self.value!r} ({self.source})"
+
+
+def _show(name: str, v: Any) -> str:
+    if name == "talker_cpus":
+        return " | ".join(format_cpulist(r) for r in v)
+    if name in ("code2wav_cpus", "reserved_cpus"):
+        return format_cpulist(v) or "-"
+    if name == "kv_cache_bytes":
+        return f"{v / GiB:.2f} GiB ({v} B)"
+    if name == "chunk_ramp_frames":
+        return ", ".join(map(str, v)) or "-"
+    if name == "preload":
+        return ":".join(v) or "-"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class DeployProfile:
+    """Threads, CPU lists, KV budget, dtype, chunking and preload for the talker and code2wav stages."""
+    name: str
+    mode: Resolved[str]                               # "split": disjoint core sets; "shared": code2wav on talker cores
+    talker_tp_size: Resolved[int]
+    talker_threads: Resolved[int]                     # OpenMP threads per talker rank
+    talker_cpus: Resolved[tuple[tuple[int, ...], ...]]  # one CPU list per tensor-parallel rank
+    code2wav_threads: Resolved[int]
+    code2wav_cpus: Resolved[tuple[int, ...]]
+    reserved_cpus: Resolved[tuple[int, ...]]          # left to the notebook kernel / front-end
+    dtype: Resolved[str]
+    max_num_seqs: Resolved[int]
+    max_model_len: Resolved[int]
+    kv_cache_bytes: Resolved[int]
+    first_chunk_frames: Resolved[int]
+    chunk_ramp_frames: Resolved[tuple[int, ...]]      # chunk sizes after the first, before steady ones
+    steady_chunk_frames: Resolved[int]
+    left_context_frames: Resolved[int]
+    preload: Resolved[tuple[str, ...]]                # LD_PRELOAD for the worker processes
+    estimate: StreamEstimate | None = None
+    memory_cap_bytes: int | None = None               # the KV cap the planner used, if planned here
+    hardware: str = ""                                # where it was planned (one line)
+    warnings: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        bad = [f.name for f in dataclasses.fields(self) if f.type.startswith("Resolved")
+               and not (isinstance(getattr(self, f.name), Resolved) and getattr(self, f.name).reason)]
+        if bad:
+            raise ConfigError(f"DeployProfile fields without a Resolved value and reason: {', '.join(bad)}")
+        v = self.values()
+        if v["mode"] not in MODES:
+            raise ConfigError(f"mode {v['mode']!r}; accepted: {', '.join(MODES)}")
+        if v["dtype"] not in DTYPES:
+            raise ConfigError(f"dtype {v['dtype']!r}; accepted: {', '.join(DTYPES)}")
+        for k in ("talker_tp_size", "talker_threads", "code2wav_threads", "max_num_seqs", "max_model_len",
+                  "kv_cache_bytes", "first_chunk_frames", "steady_chunk_frames"):
+            if not isinstance(v[k], int) or v[k] < 1:
+                raise ConfigError(f"{k} must be a positive integer, got {v[k]!r}")
+        if v["left_context_frames"] < 0 or any(c < 1 for c in v["chunk_ramp_frames"]):
+            raise ConfigError(f"chunk sizes must be >= 1 and left_context_frames >= 0, got ramp "
+                              f"{v['chunk_ramp_frames']} and left context {v['left_context_frames']}")
+        ranks, c2w, reserved = v["talker_cpus"], set(v["code2wav_cpus"]), set(v["reserved_cpus"])
+        if len(ranks) != v["talker_tp_size"]:
+            raise ConfigError(f"talker_cpus has {len(ranks)} rank list(s) but talker_tp_size is {v['talker_tp_size']}")
+        for i, r in enumerate(ranks):
+            if len(r) != v["talker_threads"]:
+                raise ConfigError(f"talker rank {i} CPU list {format_cpulist(r)!r} has {len(r)} CPUs but "
+                                  f"talker_threads is {v['talker_threads']} (one thread per listed CPU)")
+        if len(c2w) != v["code2wav_threads"]:
+            raise ConfigError(f"code2wav CPU list {format_cpulist(c2w)!r} has {len(c2w)} CPUs but "
+                              f"code2wav_threads is {v['code2wav_threads']}")
+        talker = {c for r in ranks for c in r}
+        if sum(map(len, ranks)) != len(talker):
+            raise ConfigError(f"talker rank CPU lists overlap: {' | '.join(map(format_cpulist, ranks))}")
+        if v["mode"] == "split" and talker & c2w:
+            raise ConfigError(f"mode 'split' but talker and code2wav share CPUs {format_cpulist(talker & c2w)}")
+        if v["mode"] == "shared" and not c2w <= talker:
+            raise ConfigError(f"mode 'shared' but code2wav CPUs {format_cpulist(c2w - talker)} are not talker CPUs")
+        if (talker | c2w) & reserved:
+            raise ConfigError(f"reserved CPUs {format_cpulist((talker | c2w) & reserved)} are also in a stage list")
+
+    # ------------------------------------------------------------------ access
+    def resolved(self) -> dict[str, Resolved]:
+        """Every decided field, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), Resolved)}
+
+    def values(self) -> dict[str, Any]:
+        return {k: r.value for k, r in self.resolved().items()}
+
+    def cpus(self, stage: str, rank: int = 0) -> tuple[int, ...]:
+        _check_stage(stage)
+        return tuple(self.talker_cpus.value[rank]) if stage == "talker" else tuple(self.code2wav_cpus.value)
+
+    def threads(self, stage: str) -> int:
+        _check_stage(stage)
+        return self.talker_threads.value if stage == "talker" else self.code2wav_threads.value
+
+    def bind_string(self, stage: str) -> str:
+        """``VLLM_CPU_OMP_THREADS_BIND`` value: CPU lists, ``|`` between tensor-parallel ranks."""
+        _check_stage(stage)
+        lists = self.talker_cpus.value if stage == "talker" else (self.code2wav_cpus.value,)
+        return "|".join(format_cpulist(r) for r in lists)
+
+    def chunk_sizes(self, total_frames: int) -> list[int]:
+        """Chunk sizes (frames) that the talker hands to code2wav for an utterance of ``total_frames``."""
+        return chunk_schedule(self.first_chunk_frames.value, self.chunk_ramp_frames.value,
+                              self.steady_chunk_frames.value, total_frames)
+
+    @property
+    def kv_cache_gib(self) -> float:
+        return self.kv_cache_bytes.value / GiB
+
+    def to_env(self, stage: str) -> dict[str, str]:
+        """Environment for a stage's worker process, to set before it imports torch or vLLM."""
+        _check_stage(stage)
+        env = {"OMP_NUM_THREADS": str(self.threads(stage)), "VLLM_CPU_OMP_THREADS_BIND": self.bind_string(stage),
+               "OMNILAB_STAGE": stage, "OMNILAB_STAGE_CPUS": self.bind_string(stage),
+               "OMNILAB_DTYPE": self.dtype.value}
+        if self.preload.value:
+            env["LD_PRELOAD"] = ":".join(self.preload.value)
+        if stage == "talker" and self.kv_cache_bytes.value % GiB == 0:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_bytes.value // GiB)  # vLLM reads whole GiB
+        return env
+
+    def engine_args(self, stage: str = "talker") -> dict[str, Any]:
+        """vLLM ``EngineArgs`` keywords for a stage (``kv_cache_memory_bytes`` is exact, unlike the env)."""
+        _check_stage(stage)
+        args: dict[str, Any] = {"dtype": self.dtype.value, "enforce_eager": True, "enable_prefix_caching": False}
+        if stage == "talker":
+            args.update(max_num_seqs=self.max_num_seqs.value, max_model_len=self.max_model_len.value,
+                        kv_cache_memory_bytes=self.kv_cache_bytes.value, block_size=BLOCK_SIZE,
+                        tensor_parallel_size=self.talker_tp_size.value)
+        return args
+
+    # ------------------------------------------------------------------ validation against a machine
+    def check(self, hardware: "HardwareInfo") -> list[str]:
+        """Raise ``ConfigError`` for CPUs outside the affinity mask or a KV budget above available memory;
+        return warnings for legal but slow layouts (a list crossing NUMA nodes, SMT siblings in one list)."""
+        usable = set(hardware.usable_cpus)
+        lists = {f"talker rank {i}": r for i, r in enumerate(self.talker_cpus.value)}
+        lists.update({"code2wav": self.code2wav_cpus.value, "reserved": self.reserved_cpus.value})
+        for what, cpus in lists.items():
+            outside = sorted(set(cpus) - usable)
+            if outside:
+                raise ConfigError(
+                    f"{what} CPU list {format_cpulist(cpus)!r} names CPUs {format_cpulist(outside)} outside this "
+                    f"process's usable CPUs {format_cpulist(usable) or '(none)'} (affinity mask and online CPUs)")
+        cap = hardware.memory_available_bytes
+        if self.kv_cache_bytes.value > cap:
+            raise ConfigError(f"kv_cache_bytes {self.kv_cache_bytes.value / GiB:.2f} GiB ({self.kv_cache_bytes.source})"
+                              f" is above the available memory {cap / GiB:.2f} GiB")
+        warnings = []
+        sibling = {c: core.cpus for core in hardware.cores for c in core.cpus}
+        for what, cpus in list(lists.items())[:-1]:
+            nodes = sorted({hardware.node_of(c) for c in cpus})
+            if len(nodes) > 1:
+                warnings.append(f"{what} CPU list {format_cpulist(cpus)} crosses NUMA nodes {nodes}")
+            pairs = [c for c in cpus if any(s != c and s in cpus for s in sibling.get(c, ()))]
+            if pairs:
+                warnings.append(f"{what} CPU list {format_cpulist(cpus)} holds SMT siblings {format_cpulist(pairs)}")
+        distinct = len({c for r in self.talker_cpus.value for c in r} | set(self.code2wav_cpus.value))
+        if distinct > hardware.cpu_limit:
+            warnings.append(f"stages use {distinct} CPUs but the cgroup quota allows {hardware.cpu_limit:g}")
+        return warnings
+
+    def replace(self, **changes: Any) -> "DeployProfile":
+        """Copy with some fields replaced; plain values become ``Resolved(value, 'set by argument')``."""
+        fixed = {k: v if isinstance(v, Resolved) or k not in self.resolved() else Resolved(v, "set by argument",
+                 "argument") for k, v in changes.items()}
+        return dataclasses.replace(self, **fixed)
+
+    # ------------------------------------------------------------------ serialisation and display
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "hardware": self.hardware}
+        for k, r in self.resolved().items():
+            val = [list(x) for x in r.value] if k == "talker_cpus" else list(r.value) if isinstance(r.value, tuple) else r.value
+            out[k] = {"value": val, "reason": r.reason, "source": r.source}
+        out["estimate"] = dataclasses.asdict(self.estimate) if self.estimate else None
+        out["memory_cap_bytes"] = self.memory_cap_bytes
+        out["warnings"] = list(self.warnings)
+        return out
+
+    def to_yaml(self, path: Any = None) -> str:
+        from omnilab.profiles.deploy_yaml import profile_to_yaml
+        return profile_to_yaml(self, path)
+
+    @classmethod
+    def from_yaml(cls, source: Any) -> "DeployProfile":
+        from omnilab.profiles.deploy_yaml import profile_from_yaml
+        return profile_from_yaml(source)
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        return [(k, _show(k, r.value), r.source, r.reason) for k, r in self.resolved().items()]
+
+    def __repr__(self) -> str:
+        v, e = self.values(), self.estimate
+        chunks = "/".join(map(str, (v["first_chunk_frames"], *v["chunk_ramp_frames"], v["steady_chunk_frames"])))
+        return (f"DeployProfile({self.name!r}, {v['mode']}: talker {v['talker_threads']} thr "
+                f"[{_show('talker_cpus', v['talker_cpus'])}], code2wav {v['code2wav_threads']} thr "
+                f"[{format_cpulist(v['code2wav_cpus'])}], {v['dtype']}, KV {self.kv_cache_gib:.2f} GiB, "
+                f"chunks {chunks}" + (f", est. RTF {e.rtf:.2f}" if e else "") + ")")
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        w = [max(len(r[i]) for r in rows + [("field", "value", "source", "")]) for i in range(3)]
+        lines = [f"DeployProfile {self.name!r}" + (f" on {self.hardware}" if self.hardware else "")]
+        lines += [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}" for a, b, c, d in [("field", "value", "source",
+                                                                                     "reason"), *rows]]
+        if self.estimate:
+            lines.append("estimate: " + self.estimate.describe())
+        lines += [f"warning: {x}" for x in self.warnings]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = f"<b>DeployProfile {html.escape(repr(self.name))}</b>" + (
+            f" on {html.escape(self.hardware)}" if self.hardware else "")
+        tail = f"<p>estimate: {html.escape(self.estimate.describe())}</p>" if self.estimate else ""
+        tail += "".join(f"<p>warning: {html.escape(w)}</p>" for w in self.warnings)
+        return head + html_table(["field", "value", "source", "reason"], self.rows()) + tail
+
+
+def _check_stage(stage: str) -> None:
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage {stage!r}; accepted: {', '.join(STAGES)}")
