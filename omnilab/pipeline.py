@@ -8,7 +8,11 @@ Contract:
   generated (closing the iterator aborts the request and frees its talker and decoder state).
 - ``pipe.talker`` is the step-wise talker (``start`` / ``step`` / ``abort``); ``pipe.code2wav`` decodes
   codes offline (``decode``) or chunk by chunk (``open_session``).
-- The pipeline records timing rows (plain data) into each result; it holds no display code.
+- Instrumentation: every request is recorded as spans (``omnilab.hooks.Recorder``) that flow to the
+  ``hooks=`` given to ``from_pretrained`` (``TimingHook``, ``ThreadUsageHook``, any callable); each
+  ``SynthesisResult`` (and the last streamed ``AudioChunk``) carries the request's ``Trace``. The
+  pipeline holds no display code. Stage objects that run in other processes may expose
+  ``processes() -> {pid: role}`` and ``take_spans() -> [span dicts]``; both are picked up here.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 
 from omnilab.errors import InputError, UnsupportedError
+from omnilab.hooks import Recorder, as_hooks, clock
 from omnilab.models.code2wav_stream import ChunkSchedule
 from omnilab.requests import UserRequest, build_request
 from omnilab.results import AudioChunk, SynthesisResult
@@ -31,8 +36,6 @@ _SAMPLING_KEYS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p"
                   "subtalker_do_sample", "subtalker_temperature", "subtalker_top_k", "subtalker_top_p", "seed")
 _REQUEST_KEYS = ("speaker", "language", "instruct", "ref_audio", "ref_text", "x_vector_only_mode",
                  "non_streaming_mode")
-_STEP_SPANS = (("prefill", "prefill_ms"), ("input_prep", "input_prep_ms"), ("talker_forward", "talker_ms"),
-               ("code_predictor", "predictor_ms"), ("sampling", "sampling_ms"))
 
 
 def flush_denormals() -> None:
@@ -45,12 +48,6 @@ def flush_denormals() -> None:
     torch.set_flush_denormal(True)
 
 
-def _step_rows(o, t_start_s: float) -> list[dict[str, Any]]:
-    return [{"request_id": str(o.request_id), "stage": "talker", "name": name, "frame_index": o.frame_index,
-             "start_s": t_start_s, "duration_ms": float(getattr(o, attr))}
-            for name, attr in _STEP_SPANS if getattr(o, attr) > 0]
-
-
 class TalkerControl:
     """Step-wise access to the talker stage: ``start`` requests, then ``step`` one frame at a time."""
 
@@ -60,16 +57,17 @@ class TalkerControl:
     def start(self, text: str | None = None, *, request_id: Hashable | None = None, **kwargs) -> Hashable:
         """Validate and queue one request; it is prefilled by the next :meth:`step`. Returns its id.
         Takes the same keyword arguments as ``Pipeline.generate`` (one utterance)."""
-        return self._pipe._start(text, kwargs, request_id)[0]
+        return self._pipe._start(text, kwargs, request_id, auto_end=True)[0]
 
     def step(self, return_hidden: bool = False) -> dict[Hashable, Any]:
         """Advance every live request by one frame -> ``{request_id: FrameOutput}`` (codes ``[16]``,
         ``hidden [H]`` when ``return_hidden``, per-phase timings in ms, finish flags)."""
-        return {o.request_id: o for o in self._pipe._talker.step(return_hidden=return_hidden)}
+        return {o.request_id: o for o in self._pipe._step(return_hidden)}
 
     def abort(self, request_id: Hashable) -> None:
         self._pipe._talker.abort(request_id)
         self._pipe._requests.pop(request_id, None)
+        self._pipe.recorder.end(request_id, "abort")
 
     @property
     def num_live(self) -> int:
@@ -86,7 +84,7 @@ class Pipeline:
     """Qwen3-TTS 12 Hz on CPU. Build with :meth:`from_pretrained`."""
 
     def __init__(self, model, talker_stage, code2wav_stage, *, backend: str,
-                 chunk_schedule: ChunkSchedule | None = None):
+                 chunk_schedule: ChunkSchedule | None = None, hooks: Any = None):
         self.model = model
         self.backend = backend
         self._talker = talker_stage
@@ -96,12 +94,17 @@ class Pipeline:
         self._ids = itertools.count()
         self._requests: dict[Hashable, dict[str, Any]] = {}
         self._closed = False
+        self.hooks = as_hooks(hooks)
+        self.recorder = Recorder(self.hooks, meta={
+            "backend": backend, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
+            "torch_threads": torch.get_num_threads(), "processes": self.processes()})
+        self.hooks.attach(self)
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str | os.PathLike | None = None, *, device: str = "cpu",
                         backend: str = "eager", dtype: Any = None, num_threads: int | None = None,
-                        chunk_schedule: ChunkSchedule | None = None) -> "Pipeline":
+                        chunk_schedule: ChunkSchedule | None = None, hooks: Any = None) -> "Pipeline":
         """Load a checkpoint (directory or hub id; None = the embedded tiny default) and build the stages.
 
         Args:
@@ -110,6 +113,8 @@ class Pipeline:
             dtype: compute dtype for the talker (None = fp32 unless the CPU has native bf16).
             num_threads: torch intra-op threads for this process (None = leave as is).
             chunk_schedule: streaming chunk sizes (default: first chunk 1 frame, then 25).
+            hooks: instrumentation (``omnilab.hooks``): a ``Hook``, a callable ``fn(span)``, or a list;
+                e.g. ``[TimingHook(), ThreadUsageHook()]``. Every result carries a ``Trace`` either way.
         """
         if not isinstance(device, str) or device.lower() != "cpu":
             raise UnsupportedError(f"device {device!r} is not supported: omnilab runs on CPUs; accepted: 'cpu'")
@@ -129,15 +134,16 @@ class Pipeline:
             path_or_hub_id = default_checkpoint()
         model = load_model(path_or_hub_id, dtype=dtype)
         return cls(model, EagerTalkerStage(model), Code2WavStage(model.code2wav), backend=backend,
-                   chunk_schedule=chunk_schedule)
+                   chunk_schedule=chunk_schedule, hooks=hooks)
 
     # ---- requests ---------------------------------------------------------------------------------
     def _sampling(self, kw: dict[str, Any]) -> SamplingParams:
         params = SamplingParams.from_defaults(self.model.generation, **{k: kw.get(k) for k in _SAMPLING_KEYS})
         return params.validate(self._talker.max_new_tokens_limit)
 
-    def _start(self, text, kw: dict[str, Any], request_id: Hashable | None = None):
+    def _start(self, text, kw: dict[str, Any], request_id: Hashable | None = None, auto_end: bool = False):
         self._check_open()
+        t_admit = clock()
         unknown = set(kw) - set(_SAMPLING_KEYS) - set(_REQUEST_KEYS) - {"input_ids"}
         if unknown:
             raise InputError(f"unknown argument(s) {sorted(unknown)}; accepted: "
@@ -148,8 +154,34 @@ class Pipeline:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         seed = self._talker.add_request(rid, preq, params)
         self._requests[rid] = {"text": clean_text, "ref_codes": preq.ref_codes, "seed": seed,
-                               "t0": time.perf_counter()}
+                               "t0": t_admit[0]}
+        self.recorder.begin(rid, t_admit, auto_end=auto_end, text=clean_text)
         return rid, preq
+
+    def _step(self, return_hidden: bool = False) -> list:
+        """One talker step, recorded (step span + phases per request, worker spans forwarded)."""
+        t = clock()
+        outs = self._talker.step(return_hidden=return_hidden)
+        self.recorder.step(outs, t)
+        self._take_spans(self._talker)
+        return outs
+
+    def _take_spans(self, obj) -> None:
+        take = getattr(obj, "take_spans", None)
+        if take is not None:
+            self.recorder.remote(take())
+
+    def processes(self) -> dict[int, str]:
+        """``{pid: role}`` of every process doing this pipeline's work (this one and stage workers)."""
+        me = os.getpid()
+        out = {me: "client"}
+        for name, stage in (("talker", self._talker), ("code2wav", self.code2wav)):
+            procs = getattr(stage, "processes", None)
+            if procs is not None:
+                out.update(procs())
+            else:
+                out[me] += f"+{name}"
+        return out
 
     def _check_idle(self) -> None:
         if self._talker.has_unfinished():
@@ -191,26 +223,24 @@ class Pipeline:
             per_req.append(kw)
         rids = []
         try:
-            for t, kw in zip(texts, per_req):
-                rids.append(self._start(t, kw)[0])
-            results = self._run_to_end(rids, return_hidden)
+            with self.hooks.running():
+                for t, kw in zip(texts, per_req):
+                    rids.append(self._start(t, kw)[0])
+                results = self._run_to_end(rids, return_hidden)
         except BaseException:
             for rid in rids:
                 self._talker.abort(rid)
                 self._requests.pop(rid, None)
+                self.recorder.end(rid, "error")
             raise
         return results if batch else results[0]
 
     def _run_to_end(self, rids: list[Hashable], return_hidden: bool) -> list[SynthesisResult]:
         frames = {rid: [] for rid in rids}
         hidden = {rid: [] for rid in rids}
-        rows = {rid: [] for rid in rids}
         reason: dict[Hashable, str] = {}
-        t_begin = time.perf_counter()
         while self._talker.has_unfinished():
-            t_step = time.perf_counter() - t_begin
-            for o in self._talker.step(return_hidden=return_hidden):
-                rows[o.request_id].extend(_step_rows(o, t_step))
+            for o in self._step(return_hidden):
                 if o.codes is not None:
                     frames[o.request_id].append(o.codes)
                     if o.hidden is not None:
@@ -221,16 +251,19 @@ class Pipeline:
         for rid in rids:
             info = self._requests.pop(rid)
             codes = torch.stack(frames[rid]).numpy() if frames[rid] else np.zeros((0, 16), dtype=np.int64)
-            t0 = time.perf_counter()
+            t = clock()
             audio = self.code2wav.decode(codes, prefix_codes=info["ref_codes"]) if len(codes) else \
                 np.zeros(0, dtype=np.float32)
-            rows[rid].append({"request_id": str(rid), "stage": "code2wav", "name": "decode", "frame_index": 0,
-                              "start_s": t0 - t_begin, "duration_ms": 1e3 * (time.perf_counter() - t0)})
-            wall = time.perf_counter() - info["t0"]
+            if len(codes):
+                self.recorder.span("code2wav_chunk", rid, t, frame_index=0, num_frames=len(codes), mode="offline")
+                self._take_spans(self.code2wav)
+            self.recorder.deliver(rid, 0, len(codes), len(audio))
+            trace = self.recorder.end(rid, reason.get(rid, ""))
+            m = trace.request_metrics(str(rid))
             out.append(SynthesisResult(
                 codes=codes.astype(np.int64), audio=audio, request_id=str(rid), text=info["text"],
-                finish_reason=reason.get(rid, ""), seed=info["seed"], timings=rows[rid], wall_s=wall,
-                ttfa_ms=1e3 * wall,
+                finish_reason=reason.get(rid, ""), seed=info["seed"], wall_s=m["wall_ms"] / 1e3,
+                ttfa_ms=m["ttfa_ms"], trace=trace,
                 hidden=torch.stack(hidden[rid]).numpy() if hidden[rid] else None))
         return out
 
@@ -255,33 +288,51 @@ class Pipeline:
         info = self._requests[rid]
         session = None
         finished = False
+        reason = ""
+        rec = self.recorder
+        self.hooks.start()
         try:
             session = self.code2wav.open_session(rid, prefix_codes=preq.ref_codes)
             pending: list[torch.Tensor] = []
             chunk_idx = frame_start = 0
             while not finished:
-                for o in self._talker.step():
+                for o in self._step():
                     if o.request_id != rid:
                         continue
                     if o.codes is not None:
                         pending.append(o.codes)
                     finished = o.finished
+                    reason = o.finish_reason or ""
                 if pending and (finished or len(pending) >= sched.chunk_frames(chunk_idx)):
+                    t = clock()
                     codes = torch.stack(pending).numpy()
+                    rec.span("hop", rid, t, frame_index=frame_start, num_frames=len(codes))
+                    t = clock()
                     audio = session.push(codes)
+                    rec.span("code2wav_chunk", rid, t, frame_index=frame_start, num_frames=len(codes))
+                    self._take_spans(session)
                     t_ready = time.perf_counter() - info["t0"]
                     pending = []
                     chunk = AudioChunk(str(rid), audio, frame_start, frame_start + len(codes), codes, t_ready,
                                        is_last=finished)
                     frame_start += len(codes)
                     chunk_idx += 1
-                    yield chunk
+                    rec.deliver(rid, chunk.frame_start, chunk.frame_end, len(audio))
+                    if finished:  # the request ends with its last delivery; the chunk carries its trace
+                        chunk.trace = rec.end(rid, reason)
+                        yield chunk
+                    else:
+                        t = clock()
+                        yield chunk
+                        rec.span("consumer", rid, t)
         finally:
             if not finished:
                 self._talker.abort(rid)
             if session is not None:
                 session.close()
             self._requests.pop(rid, None)
+            rec.end(rid, reason if finished else "abort")
+            self.hooks.stop()
 
     # ---- lifetime ---------------------------------------------------------------------------------------
     def close(self) -> None:
