@@ -19,7 +19,7 @@ fi
 log=.venv/setup.log
 : >"$log"
 echo "[setup] installing omnilab and its dependencies (log: $log)"
-if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[notebook,tokenizer,dev]" >>"$log" 2>&1; then
+if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[notebook,dev]" >>"$log" 2>&1; then
   grep -v "^WARNING: Location" "$log" | tail -n 30
   echo "[setup] pip install failed (full log: $log)" >&2
   exit 1
