@@ -32,6 +32,16 @@ QWEN_PRETOKENIZE_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
+# What transformers 4.57.3 swaps in when a tokenizer is loaded with ``fix_mistral_regex=True`` (the official
+# qwen-tts processor always passes it) from a local directory whose config.json has no
+# ``transformers_version`` or one in (4.57.2, 5.0.0) -- as the released checkpoints (4.57.3) have. It also
+# splits words at case changes ("iPhone" -> "i" + "Phone").
+OFFICIAL_PRETOKENIZE_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRETOKENIZERS = ("auto", "qwen2", "official")
+
 NUM_BPE_TOKENS = 151643  # ids 0..151642 are BPE tokens; added tokens start here
 # Added tokens of the Qwen3 vocabulary plus the Qwen3-Omni/TTS audio rows: (id, content, special).
 ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = tuple(
@@ -72,9 +82,18 @@ class TextTokenizer:
         self.im_end_id = self._require("<|im_end|>")
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "TextTokenizer":
-        """Load from a checkpoint directory holding vocab.json, merges.txt, tokenizer_config.json."""
+    def from_dir(cls, path: str | Path, pretokenizer: str = "auto") -> "TextTokenizer":
+        """Load from a checkpoint directory holding vocab.json, merges.txt, tokenizer_config.json.
+
+        ``pretokenizer``: ``"qwen2"`` (the Qwen2 regex), ``"official"`` (the regex the official package
+        ends up using, see ``OFFICIAL_PRETOKENIZE_PATTERN``) or ``"auto"``: ``"official"`` exactly when
+        the official package would apply it to this directory (by config.json's transformers_version).
+        """
         path = Path(path)
+        if pretokenizer not in PRETOKENIZERS:
+            raise InputError(f"pretokenizer {pretokenizer!r} is not known; accepted: {', '.join(PRETOKENIZERS)}")
+        if pretokenizer == "auto":
+            pretokenizer = official_pretokenizer_for(path)
         missing = [n for n in TOKENIZER_FILES if not (path / n).is_file()]
         if missing:
             raise CheckpointError(f"{path}: tokenizer file(s) missing: {', '.join(missing)}")
@@ -83,7 +102,10 @@ class TextTokenizer:
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{path / 'tokenizer_config.json'} is not valid JSON: {e}") from None
         added = sorted(((int(i), d) for i, d in added_cfg.items()), key=lambda kv: kv[0])
-        return cls(_build(path / "vocab.json", path / "merges.txt", added), source=str(path))
+        pattern = OFFICIAL_PRETOKENIZE_PATTERN if pretokenizer == "official" else QWEN_PRETOKENIZE_PATTERN
+        tok = cls(_build(path / "vocab.json", path / "merges.txt", added, pattern), source=str(path))
+        tok.pretokenizer = pretokenizer
+        return tok
 
     # ---- encoding -------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -135,7 +157,28 @@ def _strip(text: str) -> str:
     return text.strip()
 
 
-def _build(vocab_path: Path, merges_path: Path, added: Iterable[tuple[int, dict]]):
+def official_pretokenizer_for(path: Path) -> str:
+    """``"official"`` if transformers 4.57.3 (used by qwen-tts 0.1.1) would swap in its fixed regex for a
+    local checkpoint at ``path``, else ``"qwen2"``: config.json's transformers_version missing or in
+    (4.57.2, 5.0.0) -> swapped; <= 4.57.2 (non-Mistral model type) or >= 5.0.0 -> kept."""
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return "qwen2"
+    version = cfg.get("transformers_version")
+    if not version:
+        return "official"
+    try:
+        parts = tuple(int(p) for p in str(version).split(".")[:3])
+    except ValueError:
+        return "official"
+    if parts <= (4, 57, 2) and cfg.get("model_type") not in ("mistral", "mistral3", "voxtral", "ministral", "pixtral"):
+        return "qwen2"
+    return "qwen2" if parts >= (5, 0, 0) else "official"
+
+
+def _build(vocab_path: Path, merges_path: Path, added: Iterable[tuple[int, dict]],
+           pattern: str = QWEN_PRETOKENIZE_PATTERN):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     try:
@@ -144,7 +187,7 @@ def _build(vocab_path: Path, merges_path: Path, added: Iterable[tuple[int, dict]
         raise CheckpointError(f"cannot read BPE files {vocab_path.name}/{merges_path.name}: {e}") from None
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tk.decoder = decoders.ByteLevel()
