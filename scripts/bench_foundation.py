@@ -26,22 +26,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def gemv_bandwidth_gbs(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
-    """fp32 matrix-vector product over ``gib`` GiB of weights (far larger than any cache): bytes / time."""
-    import torch
-
-    n = int((gib * 2**30 / 4) ** 0.5)
-    w = torch.randn(n, n) * 0.01
-    x = torch.randn(n)
-    torch.mv(w, x)
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mv(w, x)
-        ts.append(time.perf_counter() - t0)
-    return w.numel() * 4 / min(ts) / 1e9
-
-
 def weight_bytes_per_frame(talker) -> tuple[int, int]:
     """(talker bytes, 15 predictor passes bytes) read per generated frame at batch 1."""
     def nbytes(mod):
@@ -131,7 +115,9 @@ def main() -> None:
     tb, cb = weight_bytes_per_frame(pipe.model.talker)
     pipe.close()
     del pipe
-    bw = gemv_bandwidth_gbs(args.threads)
+    from omnilab.bench_drivers import measure_gemv_bandwidth
+
+    bw = measure_gemv_bandwidth(threads=args.threads)["gbps"]
     res.update({"gemv_gbs": bw, "talker_bytes_per_frame_gb": tb / 1e9, "predictor_bytes_per_frame_gb": cb / 1e9,
                 "talker_floor_ms": tb / bw / 1e6, "predictor_floor_ms": cb / bw / 1e6})
     res["predictor_vs_floor"] = res["code_predictor_ms"] / res["predictor_floor_ms"]

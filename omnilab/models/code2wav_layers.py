@@ -165,11 +165,11 @@ class SnakeBeta(nn.Module):
             return torch.exp(a)[:, None], (1.0 / (torch.exp(self.beta.detach()) + 1e-9))[:, None]
         return self._coef.get(build, self.alpha, self.beta)
 
-    def forward(self, x: torch.Tensor, st: dict | None = None) -> torch.Tensor:  # [B, C, L]
+    def forward(self, x: torch.Tensor, st: dict | None = None, inplace: bool = False) -> torch.Tensor:  # [B, C, L]
         a, inv_b = self.coefficients()
-        s = torch.sin(x * a)
+        s = (x * a).sin_()
         s.mul_(s)
-        return torch.addcmul(x, s, inv_b)
+        return x.addcmul_(s, inv_b) if inplace else torch.addcmul(x, s, inv_b)
 
 
 class ResidualUnit(nn.Module):
@@ -184,7 +184,7 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:
         h = self.conv1(self.act1(x), st)
-        h = self.conv2(self.act2(h), st)
+        h = self.conv2(self.act2(h, inplace=True), st)  # h is a fresh conv output
         return h.add_(x)
 
 

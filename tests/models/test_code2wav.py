@@ -196,3 +196,20 @@ def test_snake_cache_follows_in_place_weight_edits():
     after = m(codes)
     assert (after - before).abs().max() > 1e-3
     torch.testing.assert_close(after, fresh(codes), rtol=0, atol=0)
+
+
+def test_attention_window_is_72_frames_including_self():
+    """One transformer layer: frame i sees frames i-71..i, so a change at frame 10 reaches frame 81, not 82."""
+    cfg = Code2WavConfig(**dict(TINY, num_hidden_layers=1))
+    m = init_random_(Code2Wav(cfg).eval(), torch.Generator().manual_seed(0), layer_scale=1.0)
+    x = torch.randn(1, 100, cfg.latent_dim, generator=torch.Generator().manual_seed(2))
+    y = x.clone()
+    y[:, 10] += 1.0
+
+    def run(inp):
+        with torch.no_grad():
+            return m.pre_transformer(inp, torch.zeros(1, dtype=torch.long), m._new_buffers(1))
+    diff = (run(x) - run(y)).abs().amax(dim=-1)[0]  # [100]
+    assert diff[:10].max() == 0
+    assert (diff[10:82] > 1e-4).all()
+    assert diff[82:].max() == 0
