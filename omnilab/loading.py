@@ -335,7 +335,8 @@ def _unclaimed(index: _TensorIndex, prefixes: tuple[str, ...], file: str) -> Non
                               f"{_names(stray)}")
 
 
-def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: bool | str = "auto") -> LoadedModel:
+def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: bool | str = "auto", *,
+               load_talker: bool = True, load_code2wav: bool = True) -> LoadedModel:
     """Load a checkpoint directory or hub id.
 
     Args:
@@ -343,6 +344,7 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
         dtype: talker compute dtype (see :func:`resolve_dtype`); code2wav and the encoders stay fp32.
         load_encoders: ``"auto"`` loads the speaker encoder and the Mimi encoder for Base only; ``True``
             also loads the Mimi encoder for the other variants; ``False`` loads neither.
+        load_talker, load_code2wav: False leaves that module ``None`` (a stage worker process loads it).
     """
     from omnilab.models.code2wav import Code2Wav
     from omnilab.models.talker import Talker
@@ -362,7 +364,8 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
 
     main = _TensorIndex(_weight_files(path, "model"))
     _unclaimed(main, ("talker.", "speaker_encoder.") if is_base else ("talker.",), "model.safetensors")
-    talker = _load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)")
+    talker = _load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)") \
+        if load_talker else None
     speaker_encoder = None
     if want_spk:
         from omnilab.models.speaker_encoder import SpeakerEncoder
@@ -373,7 +376,7 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
     codec = _TensorIndex(_weight_files(path / "speech_tokenizer", "model"))
     _unclaimed(codec, ("encoder.", "decoder."), "speech_tokenizer/model.safetensors")
     code2wav = _load_strict(lambda: Code2Wav(speech.decoder), codec, "decoder.", torch.float32,
-                            "speech_tokenizer/model.safetensors (decoder)")
+                            "speech_tokenizer/model.safetensors (decoder)") if load_code2wav else None
     mimi_encoder = None
     if want_mimi:
         from omnilab.models.mimi_encoder import MimiEncoder

@@ -25,13 +25,14 @@ import numpy as np
 import torch
 
 from omnilab.errors import InputError, UnsupportedError
-from omnilab.hooks import Recorder, as_hooks, clock
+from omnilab.hooks import as_hooks
+from omnilab.recorder import Recorder, clock
 from omnilab.models.code2wav_stream import ChunkSchedule
 from omnilab.requests import UserRequest, build_request
 from omnilab.results import AudioChunk, SynthesisResult
 from omnilab.sampling import SamplingParams
 
-BACKENDS = ("eager",)
+BACKENDS = ("eager", "vllm")
 _SAMPLING_KEYS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                   "subtalker_do_sample", "subtalker_temperature", "subtalker_top_k", "subtalker_top_p", "seed")
 _REQUEST_KEYS = ("speaker", "language", "instruct", "ref_audio", "ref_text", "x_vector_only_mode",
@@ -104,17 +105,22 @@ class Pipeline:
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str | os.PathLike | None = None, *, device: str = "cpu",
                         backend: str = "eager", dtype: Any = None, num_threads: int | None = None,
-                        chunk_schedule: ChunkSchedule | None = None, hooks: Any = None) -> "Pipeline":
+                        chunk_schedule: ChunkSchedule | None = None, hooks: Any = None,
+                        deploy: Any = None) -> "Pipeline":
         """Load a checkpoint (directory or hub id; None = the embedded tiny default) and build the stages.
 
         Args:
             device: only ``"cpu"``.
-            backend: ``"eager"`` (plain torch in this process).
+            backend: ``"eager"`` (plain torch in this process) or ``"vllm"`` (the talker inside vLLM's CPU
+                engine; see ``deploy``).
             dtype: compute dtype for the talker (None = fp32 unless the CPU has native bf16).
             num_threads: torch intra-op threads for this process (None = leave as is).
             chunk_schedule: streaming chunk sizes (default: first chunk 1 frame, then 25).
             hooks: instrumentation (``omnilab.hooks``): a ``Hook``, a callable ``fn(span)``, or a list;
                 e.g. ``[TimingHook(), ThreadUsageHook()]``. Every result carries a ``Trace`` either way.
+            deploy: ``backend="vllm"`` only: None (engine in this process, lock-step), ``"multiprocess"``
+                (engine-core, talker worker and code2wav worker processes bound to their CPUs), or a
+                ``omnilab.stages.vllm_deploy.VllmDeploy`` / ``VllmStageConfig`` / ``DeployProfile`` / dict.
         """
         if not isinstance(device, str) or device.lower() != "cpu":
             raise UnsupportedError(f"device {device!r} is not supported: omnilab runs on CPUs; accepted: 'cpu'")
@@ -132,9 +138,17 @@ class Pipeline:
         if path_or_hub_id is None:
             from omnilab.checkpoints import default_checkpoint
             path_or_hub_id = default_checkpoint()
-        model = load_model(path_or_hub_id, dtype=dtype)
-        return cls(model, EagerTalkerStage(model), Code2WavStage(model.code2wav), backend=backend,
-                   chunk_schedule=chunk_schedule, hooks=hooks)
+        if backend == "vllm":
+            from omnilab.stages.vllm_deploy import build_stages, client_load_options
+            model = load_model(path_or_hub_id, dtype=dtype, **client_load_options(deploy))
+            talker_stage, code2wav_stage = build_stages(model, deploy)
+        else:
+            model = load_model(path_or_hub_id, dtype=dtype)
+            if deploy is not None:
+                raise InputError("deploy= applies to backend='vllm' only")
+            talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav)
+        return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=chunk_schedule,
+                   hooks=hooks)
 
     # ---- requests ---------------------------------------------------------------------------------
     def _sampling(self, kw: dict[str, Any]) -> SamplingParams:

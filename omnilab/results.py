@@ -1,19 +1,23 @@
 """Result objects returned by the pipeline: plain data (numpy), short reprs, inline HTML.
 
-``SynthesisResult`` holds one utterance: codes ``[T, 16]``, float32 audio at 24 kHz, and the timing
-rows recorded while it was produced (one dict per span: stage, name, frame_index, start_s,
-duration_ms). ``AudioChunk`` is what ``Pipeline.stream`` yields.
+``SynthesisResult`` holds one utterance: codes ``[T, 16]``, float32 audio at 24 kHz, and the
+``omnilab.trace.Trace`` recorded while it was produced (spans per stage/step/chunk; thread samples when
+a ``ThreadUsageHook`` ran). ``AudioChunk`` is what ``Pipeline.stream`` yields; the last one of a request
+carries the request's trace, and ``SynthesisResult.from_chunks`` joins a stream into one result.
 """
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
 from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+
+if TYPE_CHECKING:
+    from omnilab.trace import Trace
 
 
 @dataclass
@@ -27,9 +31,11 @@ class SynthesisResult:
         request_id: the id the talker stage used.
         finish_reason: ``"eos"`` (the model stopped), ``"length"`` (hit max_new_tokens) or ``"abort"``.
         seed: the talker/sub-talker seed actually used (reproduce a sampled run with it).
-        timings: span rows, see the module docstring; ``timings_frame()`` turns them into a DataFrame.
-        wall_s: wall time from request start to the last audio sample.
+        timings: extra timing rows (legacy; ``trace`` is the record); ``timings_frame()`` is a DataFrame
+            of the trace's spans when there is a trace.
+        wall_s: wall time from request admission to the last audio delivered.
         ttfa_ms: time to first audio (first decoded chunk) for streamed runs, else time to the full audio.
+        trace: the request's ``omnilab.trace.Trace`` (``trace.metrics()``, ``trace.to_pandas()``, ...).
     """
 
     codes: np.ndarray
@@ -43,6 +49,23 @@ class SynthesisResult:
     wall_s: float = 0.0
     ttfa_ms: float | None = None
     hidden: np.ndarray | None = None  # [T, H] talker hidden states, only when asked for
+    trace: "Trace | None" = field(default=None, repr=False)
+
+    @classmethod
+    def from_chunks(cls, chunks: Iterable["AudioChunk"], text: str | None = None) -> "SynthesisResult":
+        """Join streamed chunks (in order) into one result; metrics come from the last chunk's trace."""
+        chunks = list(chunks)
+        audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
+        codes = np.concatenate([c.codes for c in chunks]) if chunks else np.zeros((0, 16), np.int64)
+        trace = chunks[-1].trace if chunks else None
+        kw: dict[str, Any] = {}
+        if trace is not None and trace.request_ids:
+            m = trace.request_metrics(chunks[-1].request_id)
+            kw = {"wall_s": m["wall_ms"] / 1e3, "ttfa_ms": m["ttfa_ms"], "finish_reason": m["finish_reason"]}
+        elif chunks:
+            kw = {"wall_s": chunks[-1].t_ready_s, "ttfa_ms": 1e3 * chunks[0].t_ready_s}
+        return cls(codes=codes.astype(np.int64), audio=audio.astype(np.float32, copy=False),
+                   request_id=chunks[0].request_id if chunks else "", text=text, trace=trace, **kw)
 
     @property
     def num_frames(self) -> int:
@@ -63,17 +86,25 @@ class SynthesisResult:
         return self.duration_s / self.wall_s if self.wall_s else float("inf")
 
     def timings_frame(self):
-        """Timing rows as a pandas DataFrame (one row per span)."""
+        """One row per span: the trace's spans (``Trace.to_pandas``), else the legacy timing rows."""
         import pandas as pd
+
+        if self.trace is not None and not self.timings:
+            return self.trace.to_pandas()
 
         cols = ["request_id", "stage", "name", "frame_index", "start_s", "duration_ms"]
         return pd.DataFrame(self.timings, columns=cols)
 
     def stage_ms_per_frame(self) -> dict[str, float]:
-        """Total milliseconds per generated frame for each (stage, name) span kind."""
+        """Total milliseconds per generated frame for each ``stage.name`` span kind (instants and the
+        request span excluded)."""
         out: dict[str, float] = {}
         n = max(self.num_frames, 1)
-        for row in self.timings:
+        rows = self.timings
+        if self.trace is not None and not rows:
+            rows = [{"stage": s.stage, "name": s.name, "duration_ms": s.duration_ms} for s in self.trace.spans
+                    if s.name not in ("request", "deliver")]
+        for row in rows:
             key = f"{row['stage']}.{row['name']}"
             out[key] = out.get(key, 0.0) + float(row["duration_ms"])
         return {k: v / n for k, v in out.items()}
@@ -93,6 +124,11 @@ class SynthesisResult:
         return Audio(self.audio, rate=self.sample_rate, normalize=normalize)
 
     def summary(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.trace is not None and self.trace.request_ids:
+            m = self.trace.request_metrics(self.request_id or None)
+            extra = {k: round(m[k], 1) for k in ("playback_start_ms", "stall_ms", "talker_ms_per_frame",
+                                                 "code2wav_ms_per_frame")}
         return {
             "request_id": self.request_id,
             "frames": self.num_frames,
@@ -102,6 +138,7 @@ class SynthesisResult:
             "x_realtime": round(self.x_realtime, 3),
             "ttfa_ms": None if self.ttfa_ms is None else round(self.ttfa_ms, 1),
             "finish_reason": self.finish_reason,
+            **extra,
         }
 
     def __repr__(self) -> str:
@@ -131,6 +168,7 @@ class AudioChunk:
     t_ready_s: float  # seconds since the request started when this chunk was ready
     is_last: bool = False
     sample_rate: int = SAMPLE_RATE
+    trace: "Trace | None" = field(default=None, repr=False)  # the request's trace, on its last chunk
 
     @property
     def num_frames(self) -> int:

@@ -46,7 +46,8 @@ def _cache(request, monkeypatch):
 def ckpts(request, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ckpts")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMNILAB_CACHE", str(request.config.cache.mkdir("omnilab-cache")))
+        cache = getattr(request.config, "cache", None)  # absent with -p no:cacheprovider
+        mp.setenv("OMNILAB_CACHE", str(cache.mkdir("omnilab-cache") if cache else tmp_path_factory.mktemp("cache")))
         return {v: ck.make_random_checkpoint(root / v, "tiny", v, seed=0)
                 for v in ("custom_voice", "voice_design", "base")}
 

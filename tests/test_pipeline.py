@@ -27,7 +27,7 @@ def test_generate_shapes_and_metadata(tiny_pipe):
     rms = float(np.sqrt(np.mean(r.audio ** 2)))
     assert 0.01 < rms < 0.5, rms
     df = r.timings_frame()
-    assert {"talker_forward", "code_predictor", "decode"} <= set(df["name"])
+    assert {"talker_forward", "code_predictor", "code2wav_chunk"} <= set(df["name"])
     assert (df["duration_ms"] >= 0).all()
     assert r.rtf > 0 and abs(r.rtf * r.x_realtime - 1) < 1e-9
     assert "SynthesisResult" in repr(r) and "<table>" in r._repr_html_()

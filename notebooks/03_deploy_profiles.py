@@ -1,0 +1,86 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Deploy profiles: what this machine can do, and what it did
+#
+# `probe_hardware()` reads the CPU topology, ISA, cgroup limits and memory; `plan(hardware, checkpoint)`
+# sizes threads and cores per stage, dtype, KV cache and code2wav chunking, each value with a reason.
+# Here we plan, run with the plan, and compare the plan's estimate with the measured trace.
+# `OMNILAB_TINY=1` uses the embedded tiny checkpoint (see notebook 00).
+
+# %%
+import os
+
+import omnilab
+from omnilab import display as D
+from omnilab.models.code2wav_stream import ChunkSchedule
+from omnilab.profiles import StageTimes, list_presets, resolve_profile
+
+TINY = os.environ.get("OMNILAB_TINY") == "1"
+CHECKPOINT = None if TINY else os.environ.get("OMNILAB_CHECKPOINT")
+ckpt = CHECKPOINT or omnilab.default_checkpoint()
+MAX_NEW_TOKENS = 30 if TINY or CHECKPOINT is None else 300
+
+hw = omnilab.probe_hardware()
+hw
+
+# %%
+profile = omnilab.plan(hw, ckpt)
+profile
+
+# %%
+print(profile.estimate.describe())
+profile.to_env("talker")
+
+# %% [markdown]
+# Named presets, and the same profile as vllm-omni-style deploy YAML:
+
+# %%
+print(list_presets())
+resolve_profile("vm-2core")
+
+# %%
+print(profile.to_yaml())
+
+# %% [markdown]
+# ## Run with the plan
+# The eager backend runs both stages in this process: we take the plan's talker threads and chunking
+# (the vLLM backend applies the whole profile, including CPU binding, to its worker processes).
+
+# %%
+v = profile.values()
+schedule = ChunkSchedule(v["first_chunk_frames"], v["chunk_ramp_frames"], v["steady_chunk_frames"])
+pipe = omnilab.Pipeline.from_pretrained(CHECKPOINT, dtype="float32", num_threads=profile.threads("talker"),
+                                        chunk_schedule=schedule)
+SPEAKER = pipe.model.config.speakers[0] if pipe.model.config.speakers else None
+chunks = list(pipe.stream("Four hours of steady work faced us.", speaker=SPEAKER, language="english",
+                          max_new_tokens=MAX_NEW_TOKENS, seed=0))
+measured = omnilab.SynthesisResult.from_chunks(chunks)
+m = measured.trace.request_metrics()
+print({k: round(m[k], 1) for k in ("ttfa_ms", "stall_ms", "rtf", "talker_ms_per_frame", "code2wav_ms_per_frame")})
+
+# %% [markdown]
+# ## Plan again with the measured stage times
+# The estimate was derived from bytes and FLOPs per frame; feeding the measured per-frame times back
+# (`StageTimes`) gives a plan whose estimate matches this machine.
+
+# %%
+times = StageTimes(talker_ms_per_frame=max(m["talker_ms_per_frame"], 1e-3),
+                   code2wav_ms_per_frame=max(m["code2wav_ms_per_frame"], 1e-3),
+                   talker_threads=profile.threads("talker"), code2wav_threads=profile.threads("code2wav"),
+                   code2wav_chunk_frames=v["steady_chunk_frames"])
+measured_profile = omnilab.plan(hw, ckpt, stage_times=times)
+print("before:", profile.estimate.describe())
+print("after: ", measured_profile.estimate.describe())
+measured_profile
+
+# %%
+D.plot_playback(measured);

@@ -1,0 +1,92 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Benchmark analysis
+#
+# `omnilab bench` (stream-latency benchmark) writes `data/bench/<name>.json` plus summary and per-request
+# CSVs. This notebook reads them: no model runs here. Regenerate with e.g.
+# `omnilab bench --size 0.6b --threads 2 --concurrency 1,2 --requests 3`.
+#
+# Columns (definitions in `omnilab.trace` / `omnilab.bench`): TTFA, playback-start latency and stall;
+# RTF = wall/audio and x-realtime = audio/wall; per-stage ms/frame; aggregate frames/s; peak RSS per
+# process; `floor_ms_per_frame` = the weights a talker step reads per frame, timed as pure GEMVs on the
+# machine; `floor_ratio` = achieved talker ms/frame ÷ floor (1 = at the memory-bandwidth floor).
+
+# %%
+import json
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from omnilab import display as D
+from omnilab.bench import DATA_DIR, load_bench
+
+files = sorted((DATA_DIR / "bench").glob("*.json"))
+runs = {f.stem: load_bench(f) for f in files}
+list(runs)
+
+# %%
+for name, run in runs.items():
+    display(run)
+    for note in run.meta.get("notes", []):
+        print("note:", note)
+
+# %% [markdown]
+# ## Machine and floor
+
+# %%
+pd.DataFrame({name: {"checkpoint": r.meta["checkpoint"].rsplit("/", 1)[-1], "dtype": r.meta["dtype"],
+                     "threads": r.meta["threads"], "DRAM GEMV GB/s": round(r.meta["bandwidth"]["gbps"], 2),
+                     "GB read per frame": round(r.meta["bytes_per_frame"]["talker_bytes_per_frame"] / 1e9, 3),
+                     "floor ms/frame": round(r.meta["floor_ms_per_frame"], 1),
+                     "all-DRAM floor ms/frame": round(r.meta["floor_dram_ms_per_frame"], 1)}
+              for name, r in runs.items()})
+
+# %% [markdown]
+# ## Latency against concurrency, per backend
+
+# %%
+summary = pd.concat([r.summary.assign(run=name) for name, r in runs.items()], ignore_index=True)
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), layout="constrained")
+for name, g in summary.groupby("run"):
+    D.plot_bench(g.assign(backend=name + ": " + g["backend"]), "ttfa_ms_p50", ax=axes[0])
+    D.plot_bench(g.assign(backend=name + ": " + g["backend"]), "frames_per_s", ax=axes[1])
+    D.plot_bench(g.assign(backend=name + ": " + g["backend"]), "rtf_mean", ax=axes[2])
+axes[2].set_ylabel("RTF (wall/audio)");
+
+# %% [markdown]
+# ## Where a frame's time goes (ms per frame, per stage and talker phase)
+
+# %%
+phases = ["code_predictor_ms_per_frame", "talker_forward_ms_per_frame", "input_prep_ms_per_frame",
+          "sampling_ms_per_frame", "code2wav_ms_per_frame"]
+table = summary[summary["backend"] != "reference"].set_index(["run", "backend", "concurrency"])[phases]
+ax = table.plot.barh(stacked=True, figsize=(9, 0.5 + 0.45 * len(table)))
+ax.axvline(80, color="tab:red", lw=0.8, label="real time (80 ms/frame)")
+ax.set_xlabel("ms per frame");
+
+# %%
+cols = ["run", "backend", "concurrency", "talker_ms_per_frame", "floor_ms_per_frame", "floor_ratio",
+        "peak_rss_mb", "sampler_pct_of_step", "cpu_wait_pct"]
+summary[[c for c in cols if c in summary]].round(2)
+
+# %% [markdown]
+# ## Per request
+
+# %%
+requests = pd.concat([r.requests.assign(run=name) for name, r in runs.items()], ignore_index=True)
+ax = None
+for (run, backend), g in requests.groupby(["run", "backend"]):
+    ax = g.plot.scatter(x="ttfa_ms", y="rtf", label=f"{run}: {backend}", ax=ax, color=f"C{len(ax.collections) if ax else 0}")
+ax.set(xlabel="TTFA ms", ylabel="RTF (wall/audio)", xscale="log");
+
+# %%
+print(json.dumps(runs[list(runs)[-1]].meta["machine"], indent=1))
