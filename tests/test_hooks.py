@@ -143,7 +143,8 @@ def test_thread_usage_hook_is_reentrant_and_attached_to_the_pipeline(tiny_pipe):
         with hook:  # an outer scope (a benchmark) keeps one sampler running across requests
             tiny_pipe.generate("One.", **KW)
             assert hook.sampler.running
-            r = tiny_pipe.generate("Two.", **KW)
+            # long enough to span many sampling intervals even on a loaded machine
+            r = tiny_pipe.generate("Two.", **{**KW, "max_new_tokens": 40})
         assert not hook.sampler.running
     assert r.trace.thread_samples and r.trace.process_samples
     roles = {x["role"] for x in r.trace.thread_samples}
