@@ -51,16 +51,15 @@ pd.DataFrame({name: {"checkpoint": r.meta["checkpoint"].rsplit("/", 1)[-1], "dty
               for name, r in runs.items()})
 
 # %% [markdown]
-# ## Latency against concurrency, per backend
+# ## Latency and throughput against concurrency, per backend (one row of plots per run)
 
 # %%
 summary = pd.concat([r.summary.assign(run=name) for name, r in runs.items()], ignore_index=True)
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), layout="constrained")
-for name, g in summary.groupby("run"):
-    D.plot_bench(g.assign(backend=name + ": " + g["backend"]), "ttfa_ms_p50", ax=axes[0])
-    D.plot_bench(g.assign(backend=name + ": " + g["backend"]), "frames_per_s", ax=axes[1])
-    D.plot_bench(g.assign(backend=name + ": " + g["backend"]), "rtf_mean", ax=axes[2])
-axes[2].set_ylabel("RTF (wall/audio)");
+fig, axes = plt.subplots(len(runs), 3, figsize=(13, 3.2 * len(runs)), layout="constrained", squeeze=False)
+for row, (name, g) in zip(axes, summary.groupby("run")):
+    for ax, y in zip(row, ("ttfa_ms_p50", "frames_per_s", "rtf_mean")):
+        D.plot_bench(g, y, ax=ax)
+        ax.set_title(f"{name}: {y}", fontsize="small")
 
 # %% [markdown]
 # ## Where a frame's time goes (ms per frame, per stage and talker phase)
@@ -68,10 +67,12 @@ axes[2].set_ylabel("RTF (wall/audio)");
 # %%
 phases = ["code_predictor_ms_per_frame", "talker_forward_ms_per_frame", "input_prep_ms_per_frame",
           "sampling_ms_per_frame", "code2wav_ms_per_frame"]
-table = summary[summary["backend"] != "reference"].set_index(["run", "backend", "concurrency"])[phases]
-ax = table.plot.barh(stacked=True, figsize=(9, 0.5 + 0.45 * len(table)))
-ax.axvline(80, color="tab:red", lw=0.8, label="real time (80 ms/frame)")
-ax.set_xlabel("ms per frame");
+fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.5), layout="constrained", squeeze=False)
+for ax, (name, g) in zip(axes[0], summary[summary["backend"] != "reference"].groupby("run")):
+    g.set_index(["backend", "concurrency"])[phases].plot.barh(stacked=True, ax=ax, legend=False)
+    ax.axvline(80, color="tab:red", lw=0.8)  # real time: 80 ms of audio per frame
+    ax.set(xlabel="ms per frame", title=name)
+fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=len(phases), fontsize="small");
 
 # %%
 cols = ["run", "backend", "concurrency", "talker_ms_per_frame", "floor_ms_per_frame", "floor_ratio",

@@ -6,7 +6,8 @@ then for each concurrency (1, 2, 4, ...) stream N prompts from ``data/prompts/ha
 that many in flight, recording every request's ``Trace`` plus thread/process samples. Reports per point:
 TTFA, playback-start latency and stall (vLLM-Omni stream-bench definitions, ``omnilab.trace``), RTF =
 wall/audio and x-realtime = audio/wall, talker/code2wav ms per frame (+ talker phases), aggregate frames/s,
-peak RSS per process, the sampler's own CPU as % of step time, run-queue wait % (time our threads were
+peak RSS per process (``VmHWM``: lifetime peak, so the bench process carries earlier backends' peaks
+over), the sampler's own CPU as % of step time, run-queue wait % (time our threads were
 runnable but had no CPU: other load on a shared machine), and the memory-bandwidth floor of a talker
 step: the weights it reads per frame (``bench_drivers.bytes_per_frame``) timed as pure GEMVs on this
 machine (``measure_frame_floor``; the all-DRAM figure, bytes / DRAM GEMV GB/s, is in the meta), with
@@ -216,7 +217,8 @@ def _point_summary(name: str, conc: int, driver: str, traces: list, wall_s: floa
            "rtf_mean": mean("rtf"), "x_realtime_mean": mean("x_realtime"), "stall_ms_mean": mean("stall_ms")}
     for k in ("ttfa_ms", "playback_start_ms", "stall_ms"):
         row.update({f"{k}_{q}": v for q, v in percentiles(col(k), (50, 90)).items()})
-    for k in ("talker_ms_per_frame", "talker_compute_ms_per_frame", "code2wav_ms_per_frame", "prefill_ms",
+    for k in ("talker_ms_per_frame", "talker_compute_ms_per_frame", "code2wav_ms_per_frame",
+              "code2wav_compute_ms_per_frame", "prefill_ms",
               "code_predictor_ms_per_frame", "input_prep_ms_per_frame", "talker_forward_ms_per_frame",
               "sampling_ms_per_frame", "step_ms_p50", "step_ms_p99"):
         row[k] = mean(k)

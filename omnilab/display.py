@@ -137,14 +137,15 @@ def plot_core_heatmap(trace: Any, ax=None, bin_ms: float | None = None):
     return ax
 
 
-def plot_cpu_share(trace: Any, ax=None, by: str = "thread"):
+def plot_cpu_share(trace: Any, ax=None, by: str = "thread", top: int = 12):
     """CPU time (solid) and run-queue wait (hatched) per thread (``by="thread"``) or per stage the
-    sampled process was running (``by="stage"``); see ``omnilab.trace_export.cpu_by_stage``."""
+    sampled process was running (``by="stage"``); see ``omnilab.trace_export.cpu_by_stage``. The
+    ``top`` busiest rows are shown, the rest summed into one."""
     from omnilab.trace_export import cpu_by_stage
 
     trace = _trace(trace)
-    ax = _axes(ax, (8, 3))
     df = cpu_by_stage(trace)
+    ax = _axes(ax, (8, 1.0 + 0.3 * min(len(df) if by == "thread" else 4, top + 1)))
     if not len(df):
         ax.text(0.5, 0.5, "no thread samples (attach a ThreadUsageHook)", ha="center", va="center",
                 transform=ax.transAxes)
@@ -156,6 +157,11 @@ def plot_cpu_share(trace: Any, ax=None, by: str = "thread"):
     else:
         raise ValueError(f"by={by!r}; accepted: thread, stage")
     g = df.groupby("label")[["cpu_ms", "wait_ms"]].sum().sort_values("cpu_ms")
+    if len(g) > top:
+        rest = g.iloc[:-top].sum()
+        g = g.iloc[-top:]
+        g.loc[f"{len(df) - top} other rows"] = rest
+        g = g.sort_values("cpu_ms")
     y = np.arange(len(g))
     total = g["cpu_ms"].sum()
     ax.barh(y, g["cpu_ms"], color="tab:blue", label="on CPU")

@@ -55,6 +55,7 @@ class Recorder:
         self.pid = os.getpid()
         self._ids = itertools.count(1)
         self._open: dict[str, _Open] = {}
+        self._worker_end: dict[tuple[int, int], float] = {}  # last reported phase end per worker thread
         self._lock = threading.Lock()
 
     clock = staticmethod(clock)
@@ -128,6 +129,7 @@ class Recorder:
         if phases and reported > 0:
             phases.append(("sampling", shared, t1, {"reported_ms": round(reported, 3)}))
         tid = threading.get_native_id()
+        worker_layout: dict = {}
         for o in outputs:
             rid = str(o.request_id)
             has_frame = getattr(o, "codes", None) is not None
@@ -139,7 +141,7 @@ class Recorder:
                 a, b = prefill_at[rid]
                 self._emit(Span("prefill", "talker", rid, a, b, wpid, wtid, 0, 0, parent_id=s.span_id))
             if has_frame and wpid != self.pid:
-                self._worker_phases(o, rid, wpid, wtid, t1)
+                self._worker_phases(o, rid, wpid, wtid, t1, worker_layout)
             elif has_frame:
                 for ph, a, b, attrs in phases:
                     self._emit(Span(ph, "talker", rid, a, b, wpid, wtid, int(o.frame_index), 0,
@@ -151,18 +153,25 @@ class Recorder:
                 if getattr(o, "finished", False) and o_open.auto_end:
                     self.end(rid, getattr(o, "finish_reason", "") or "", end_s=t1)
 
-    def _worker_phases(self, o: Any, rid: str, pid: int, tid: int, t_received: float) -> None:
+    def _worker_phases(self, o: Any, rid: str, pid: int, tid: int, t_received: float, layout: dict) -> None:
         """Phases a worker process reported: with their reported durations, ending when the client
-        received the frame (a pipelined worker may have computed them before the client asked)."""
-        ms = [(ph, float(getattr(o, attr, 0.0) or 0.0)) for ph, attr in
-              (("code_predictor", "predictor_ms"), ("input_prep", "input_prep_ms"), ("talker_forward", "talker_ms"),
-               ("sampling", "sampling_ms"))]
-        t = t_received - sum(m for _, m in ms) / 1e3
-        for ph, m in ms:
-            if m > 0:
-                self._emit(Span(ph, "talker", rid, t, t + m / 1e3, pid, tid, int(o.frame_index), 0,
-                                attrs={"worker": True}))
-                t += m / 1e3
+        received the frame (a pipelined worker may have computed them before the client asked), but
+        never before the worker's previous phases ended. One layout per worker thread and step: batched
+        rows share it."""
+        key = (pid, tid)
+        if key not in layout:
+            ms = [(ph, float(getattr(o, attr, 0.0) or 0.0)) for ph, attr in
+                  (("code_predictor", "predictor_ms"), ("input_prep", "input_prep_ms"),
+                   ("talker_forward", "talker_ms"), ("sampling", "sampling_ms"))]
+            t = max(t_received - sum(m for _, m in ms) / 1e3, self._worker_end.get(key, -math.inf))
+            layout[key] = []
+            for ph, m in ms:
+                if m > 0:
+                    layout[key].append((ph, t, t + m / 1e3))
+                    t += m / 1e3
+            self._worker_end[key] = t
+        for ph, a, b in layout[key]:
+            self._emit(Span(ph, "talker", rid, a, b, pid, tid, int(o.frame_index), 0, attrs={"worker": True}))
 
     def remote(self, spans: Iterable[Any], parent_id: int = -1) -> None:
         """Forward spans recorded elsewhere (dicts or ``Span``s with their own pid/tid, e.g. from

@@ -14,7 +14,7 @@ Contract: ``ThreadSampler.add_process(pid, role)`` registers processes (default:
 
 The first sample after ``start`` only sets baselines. The sampler times itself (``overhead()``) and keeps
 its CPU under ``budget`` (default 0.5 % of one core): when a sample costs more than ``budget x
-interval_s`` (many worker threads), the next one waits longer. A process whose CPU ticks did not move
+interval_s`` (many worker threads), the next one waits longer (at most 10 x ``interval_s``). A process whose CPU ticks did not move
 since the last sample is skipped without reading its threads.
 Processes that exit are dropped silently. No torch import (reads ``torch.get_num_threads`` only if torch
 is already imported).
@@ -237,7 +237,8 @@ class ThreadSampler:
             if not self.procs:
                 self.add_process(os.getpid(), "client")
             self._prev_t = None
-            self.sample_once()  # baselines
+            self.sample_once()  # baselines (a full read of every thread: not a typical sample's cost)
+            self._last_cost_s = 0.0
             self._stop.clear()
             self._t_started = time.perf_counter()
             self._thread = threading.Thread(target=self._run, name="omnilab-sampler", daemon=True)
@@ -248,7 +249,7 @@ class ThreadSampler:
         nxt = time.perf_counter()
         while not self._stop.is_set():
             # stretch the period when one sample costs more than the budget (many worker threads)
-            nxt += max(self.interval_s, self._last_cost_s / self.budget)
+            nxt += min(max(self.interval_s, self._last_cost_s / self.budget), 10 * self.interval_s)
             delay = nxt - time.perf_counter()
             if delay < 0:  # fell behind (busy machine): skip missed ticks instead of bursting
                 nxt = time.perf_counter()

@@ -132,6 +132,11 @@ def percentiles(values: Iterable[float], qs: Sequence[float] = (50, 90, 95, 99))
     return {f"p{q:g}": (float(np.percentile(v, q)) if len(v) else math.nan) for q in qs}
 
 
+def _remote(s: Span) -> bool:
+    """A span a worker process reported (detail of a client-side span, not counted twice)."""
+    return bool(s.attrs.get("remote"))
+
+
 def request_metrics(spans: Sequence[Span], request_id: str) -> dict[str, Any]:
     """Latency figures of one request from its spans (times in ms after its admission began):
 
@@ -145,7 +150,8 @@ def request_metrics(spans: Sequence[Span], request_id: str) -> dict[str, Any]:
       ``code2wav_chunk``) / frames; ``<phase>_ms_per_frame`` likewise per talker phase. Batched steps are
       shared, so each request of a batch is charged the full step it waited for. ``talker_ms_per_frame``
       is what the client waited; ``talker_compute_ms_per_frame`` sums the phases (for a worker process
-      that computes ahead of the client, the time it reported; in-process, the same as the step).
+      that computes ahead of the client, the time it reported; in-process, the same as the step);
+      ``code2wav_compute_ms_per_frame`` likewise from the chunk spans a code2wav worker reported.
     - ``step_ms_p50/p90/p99``: talker step wall time; ``prefill_ms``: the prefill phase.
     """
     rid = str(request_id)
@@ -155,7 +161,7 @@ def request_metrics(spans: Sequence[Span], request_id: str) -> dict[str, Any]:
     deliver = sorted((s for s in own if s.name == "deliver"), key=lambda s: s.start_s)
     arrival = [1e3 * (s.start_s - t0) for s in deliver]
     audio = [float(s.attrs.get("audio_ms", 80.0 * s.num_frames)) for s in deliver]
-    steps = [s for s in own if s.name == "step"]
+    steps = [s for s in own if s.name == "step" and not _remote(s)]
     frames = sum(s.num_frames for s in steps)
     wall_ms = req[0].duration_ms if req else (1e3 * (max(s.end_s for s in own) - t0) if own else math.nan)
     audio_ms = float(sum(audio))
@@ -169,8 +175,10 @@ def request_metrics(spans: Sequence[Span], request_id: str) -> dict[str, Any]:
         "finish_reason": req[0].attrs.get("finish_reason", "") if req else "",
     }
     n = max(frames, 1)
-    for stage, name in (("talker", "step"), ("code2wav", "code2wav_chunk")):
-        out[f"{stage}_ms_per_frame"] = sum(s.duration_ms for s in own if s.name == name) / n
+    for stage, name in (("talker", "step"), ("code2wav", "code2wav_chunk")):  # as the client saw them
+        out[f"{stage}_ms_per_frame"] = sum(s.duration_ms for s in own if s.name == name and not _remote(s)) / n
+    worker_c2w = sum(s.duration_ms for s in own if s.name == "code2wav_chunk" and _remote(s))
+    out["code2wav_compute_ms_per_frame"] = worker_c2w / n if worker_c2w else out["code2wav_ms_per_frame"]
     for ph in PHASES:
         out[f"{ph}_ms_per_frame"] = sum(s.duration_ms for s in own if s.name == ph) / n
     phase_ms = sum(s.duration_ms for s in own if s.name in PHASES)
@@ -267,7 +275,7 @@ class Trace:
             for s in own:
                 if s.start_s < r.start_s - _EPS_S or s.end_s > r.end_s + _EPS_S:
                     bad.append(f"{rid}: {s.name} span {s.span_id} outside the request span")
-            steps = sorted((s for s in own if s.name == "step"), key=lambda s: s.start_s)
+            steps = sorted((s for s in own if s.name == "step" and not _remote(s)), key=lambda s: s.start_s)
             for a, b in zip(steps, steps[1:]):
                 if b.start_s < a.end_s - _EPS_S:
                     bad.append(f"{rid}: steps {a.span_id} and {b.span_id} overlap")
@@ -277,7 +285,8 @@ class Trace:
             if "frames" in r.attrs and r.attrs["frames"] != len(idx):
                 bad.append(f"{rid}: request says {r.attrs['frames']} frames, steps produced {len(idx)}")
             pos = 0
-            for c in sorted((s for s in own if s.name == "code2wav_chunk"), key=lambda s: s.start_s):
+            chunks = (s for s in own if s.name == "code2wav_chunk" and not _remote(s))
+            for c in sorted(chunks, key=lambda s: s.start_s):
                 if c.frame_index != pos:
                     bad.append(f"{rid}: code2wav chunk starts at frame {c.frame_index}, expected {pos}")
                 pos = c.frame_index + c.num_frames

@@ -234,5 +234,7 @@ def test_worker_spans_reach_the_trace_with_their_own_pid():
     rec.remote(worker)
     tr = rec.end("r", "eos")
     assert 424242 in {s.pid for s in tr.spans} and tr.check() == []
+    m = tr.request_metrics()  # worker detail is reported separately, not counted twice
+    assert m["code2wav_ms_per_frame"] == 0.0 and m["code2wav_compute_ms_per_frame"] > 0
     ev = _check_trace_events(tr.to_chrome_trace())
     assert any(e["pid"] == 424242 and e["ph"] == "X" for e in ev)
