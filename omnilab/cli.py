@@ -39,8 +39,6 @@ def synth_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", action="store_true", help="stream the audio chunk by chunk (reports TTFA)")
     args = ap.parse_args(argv)
 
-    import numpy as np
-
     from omnilab.pipeline import Pipeline
 
     pipe = Pipeline.from_pretrained(args.model, backend=args.backend, dtype=args.dtype, num_threads=args.threads)
@@ -58,18 +56,8 @@ def synth_main(argv: list[str] | None = None) -> int:
             kw.update(do_sample=False, subtalker_do_sample=False)
         if args.stream:
             from omnilab.results import SynthesisResult
-            import time
 
-            t0 = time.perf_counter()
-            chunks = list(pipe.stream(args.text, **kw))
-            wall = time.perf_counter() - t0
-            audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
-            codes = np.concatenate([c.codes for c in chunks]) if chunks else np.zeros((0, 16), np.int64)
-            rows = [{"request_id": c.request_id, "stage": "stream", "name": "chunk_ready", "frame_index": c.frame_start,
-                     "start_s": c.t_ready_s, "duration_ms": 0.0} for c in chunks]
-            res = SynthesisResult(codes=codes, audio=audio, text=args.text, timings=rows, wall_s=wall,
-                                  ttfa_ms=1e3 * chunks[0].t_ready_s if chunks else None,
-                                  finish_reason="streamed")
+            res = SynthesisResult.from_chunks(pipe.stream(args.text, **kw), text=args.text)
         else:
             res = pipe.generate(args.text, **kw)
     out = Path(args.out)

@@ -31,7 +31,6 @@ class SynthesisResult:
         request_id: the id the talker stage used.
         finish_reason: ``"eos"`` (the model stopped), ``"length"`` (hit max_new_tokens) or ``"abort"``.
         seed: the talker/sub-talker seed actually used (reproduce a sampled run with it).
-        timings: extra timing rows (legacy; ``trace`` is the record); ``timings_frame()`` is a DataFrame
             of the trace's spans when there is a trace.
         wall_s: wall time from request admission to the last audio delivered.
         ttfa_ms: time to first audio (first decoded chunk) for streamed runs, else time to the full audio.
@@ -45,7 +44,6 @@ class SynthesisResult:
     text: str | None = None
     finish_reason: str = ""
     seed: int | None = None
-    timings: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     ttfa_ms: float | None = None
     hidden: np.ndarray | None = None  # [T, H] talker hidden states, only when asked for
@@ -86,27 +84,21 @@ class SynthesisResult:
         return self.duration_s / self.wall_s if self.wall_s else float("inf")
 
     def timings_frame(self):
-        """One row per span: the trace's spans (``Trace.to_pandas``), else the legacy timing rows."""
+        """One row per span of the trace (``Trace.to_pandas``); empty when the result has no trace."""
         import pandas as pd
 
-        if self.trace is not None and not self.timings:
-            return self.trace.to_pandas()
-
-        cols = ["request_id", "stage", "name", "frame_index", "start_s", "duration_ms"]
-        return pd.DataFrame(self.timings, columns=cols)
+        return self.trace.to_pandas() if self.trace is not None else pd.DataFrame()
 
     def stage_ms_per_frame(self) -> dict[str, float]:
         """Total milliseconds per generated frame for each ``stage.name`` span kind (instants and the
         request span excluded)."""
         out: dict[str, float] = {}
         n = max(self.num_frames, 1)
-        rows = self.timings
-        if self.trace is not None and not rows:
-            rows = [{"stage": s.stage, "name": s.name, "duration_ms": s.duration_ms} for s in self.trace.spans
-                    if s.name not in ("request", "deliver")]
-        for row in rows:
-            key = f"{row['stage']}.{row['name']}"
-            out[key] = out.get(key, 0.0) + float(row["duration_ms"])
+        spans = self.trace.spans if self.trace is not None else []
+        for sp in spans:
+            if sp.name not in ("request", "deliver"):
+                key = f"{sp.stage}.{sp.name}"
+                out[key] = out.get(key, 0.0) + float(sp.duration_ms)
         return {k: v / n for k, v in out.items()}
 
     def save_wav(self, path: str | Path) -> Path:

@@ -34,6 +34,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from omnilab.errors import InputError, WorkerError
+from omnilab.stages._env import temporary_environ
 
 _START_TIMEOUT_S = 300.0
 _OFFLINE = "__offline_decode__"
@@ -271,7 +272,7 @@ class Code2WavWorker:
         if cpus:
             env.update(OMP_PLACES="{" + "},{".join(map(str, cpus)) + "}", OMP_PROC_BIND="true")
         t0 = time.perf_counter()
-        with _environ(env):
+        with temporary_environ(env):
             self.proc = ctx.Process(target=_worker_main, args=(child, str(checkpoint), cpus, threads),
                                     name="omnilab-code2wav", daemon=True)
             self.proc.start()
@@ -429,17 +430,3 @@ class Code2WavWorker:
     def __repr__(self) -> str:
         return (f"Code2WavWorker(pid={self.proc.pid}, cpus={self.cpus}, threads={self.threads}, "
                 f"sessions={len(self._sessions)}, alive={self.alive})")
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

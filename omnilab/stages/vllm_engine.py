@@ -25,7 +25,7 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping
+from typing import Any, Hashable
 
 import torch
 
@@ -35,6 +35,7 @@ from omnilab.models.prompt import PromptRequest, prompt_length
 from omnilab.sampling import SamplingParams
 from omnilab.stages import vllm_payload
 from omnilab.stages.vllm_config import WORKER_CLS, VllmStageConfig, kv_bytes_per_token
+from omnilab.stages._env import temporary_environ
 
 __all__ = ["VllmTalkerStage", "VllmStageConfig", "VllmFrameOutput"]
 
@@ -58,24 +59,6 @@ class _Live:
     int_id: str
     seed: int
     frames: int = 0
-
-
-@contextlib.contextmanager
-def _environ(values: Mapping[str, str | None]):
-    old = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _renice(engine, nice: int) -> None:
@@ -173,7 +156,7 @@ class VllmTalkerStage:
             torch.set_num_threads(c.talker_threads)
         vllm.envs.disable_envs_cache()
         try:
-            with _environ(env):
+            with temporary_environ(env):
                 engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
         finally:
             torch.set_num_threads = set_threads  # CPUWorker replaces it with a no-op, process-wide
