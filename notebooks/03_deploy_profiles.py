@@ -21,7 +21,6 @@ import os
 
 import omnilab
 from omnilab import display as D
-from omnilab.models.code2wav_stream import ChunkSchedule
 from omnilab.profiles import StageTimes, list_presets, resolve_profile
 
 TINY = os.environ.get("OMNILAB_TINY") == "1"
@@ -52,14 +51,19 @@ print(profile.to_yaml())
 
 # %% [markdown]
 # ## Run with the plan
-# The eager backend runs both stages in this process: we take the plan's talker threads and chunking
-# (the vLLM backend applies the whole profile, including CPU binding, to its worker processes).
+# `Pipeline.from_pretrained(deploy_profile=...)` applies a profile (the default is `"auto"`: this plan):
+# the vLLM backend's talker threads, CPU binding, KV cache and `max_num_seqs`, the dtype and the chunking.
+# Where the profile splits the CPUs between the stages they run in worker processes, otherwise the engine
+# runs in this process (`deploy="workers"` forces workers). `pipe.deployment` says what was decided and
+# why; `pipe.check_profile()` reads back each stage's CPU affinity and threads and compares them with the plan.
 
 # %%
 v = profile.values()
-schedule = ChunkSchedule(v["first_chunk_frames"], v["chunk_ramp_frames"], v["steady_chunk_frames"])
-pipe = omnilab.Pipeline.from_pretrained(CHECKPOINT, dtype="float32", num_threads=profile.threads("talker"),
-                                        chunk_schedule=schedule)
+pipe = omnilab.Pipeline.from_pretrained(CHECKPOINT, deploy_profile=profile)
+print(pipe.deployment.rows())
+pipe.check_profile()
+
+# %%
 SPEAKER = pipe.model.config.speakers[0] if pipe.model.config.speakers else None
 chunks = list(pipe.stream("Four hours of steady work faced us.", speaker=SPEAKER, language="english",
                           max_new_tokens=MAX_NEW_TOKENS, seed=0))

@@ -39,7 +39,7 @@ DEFAULT_PROMPTS = DATA_DIR / "prompts" / "harvard.txt"
 BENCH_BACKENDS: dict[str, dict[str, Any]] = {
     "eager": {"backend": "eager"},
     "vllm": {"backend": "vllm"},                               # engine in this process, lock-step
-    "vllm-workers": {"backend": "vllm", "deploy": "multiprocess"},  # engine-core, talker, code2wav workers
+    "vllm-workers": {"backend": "vllm", "deploy": "workers"},  # engine-core, talker, code2wav workers
 }
 TABLE_COLUMNS = (("backend", "backend", "{}"), ("conc", "concurrency", "{}"), ("n", "requests", "{}"),
                  ("TTFA p50 ms", "ttfa_ms_p50", "{:.0f}"), ("play-start p50 ms", "playback_start_ms_p50", "{:.0f}"),
@@ -189,6 +189,7 @@ def _make_pipeline(name: str, ckpt: Path, cfg: BenchConfig, hooks: list):
         dropped = sorted(set(kw) - set(params))
         if dropped:
             raise ValueError(f"Pipeline.from_pretrained does not take {dropped} (bench backend {name!r})")
+    kw.setdefault("max_concurrency", max(cfg.concurrency))  # the profile sizes KV and max_num_seqs for it
     return Pipeline.from_pretrained(ckpt, dtype=cfg.dtype, num_threads=cfg.threads, hooks=hooks, **kw)
 
 

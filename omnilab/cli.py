@@ -35,13 +35,19 @@ def synth_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: auto per CPU)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--backend", default="eager")
+    ap.add_argument("--backend", default="vllm", choices=("vllm", "eager"))
+    ap.add_argument("--deploy-profile", default="auto",
+                    help="auto | a preset name | a deploy YAML path | none (default: auto)")
+    ap.add_argument("--deploy", default=None, choices=("auto", "inprocess", "workers"),
+                    help="vLLM backend: where the stages run (default: auto, from the profile)")
     ap.add_argument("--stream", action="store_true", help="stream the audio chunk by chunk (reports TTFA)")
     args = ap.parse_args(argv)
 
     from omnilab.pipeline import Pipeline
 
-    pipe = Pipeline.from_pretrained(args.model, backend=args.backend, dtype=args.dtype, num_threads=args.threads)
+    profile = None if args.deploy_profile.lower() == "none" else args.deploy_profile
+    pipe = Pipeline.from_pretrained(args.model, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
+                                    deploy_profile=profile, deploy=args.deploy)
     with pipe:
         cfg = pipe.model.config
         speaker = args.speaker
@@ -67,7 +73,9 @@ def synth_main(argv: list[str] | None = None) -> int:
     res.timings_frame().to_csv(csv, index=False)
     per_stage = res.stage_ms_per_frame()
     rows = [("model", f"{cfg.tts_model_size} {cfg.tts_model_type} ({pipe.model.path})"),
-            ("dtype", f"{str(pipe.model.dtype).replace('torch.', '')} ({pipe.model.dtype_reason})"),
+            *(pipe.deployment.rows() if pipe.deployment is not None else []),
+            ("dtype", f"{str(pipe.model.dtype).replace('torch.', '')} "
+                      f"({pipe.profile.dtype.reason if pipe.profile is not None else pipe.model.dtype_reason})"),
             ("text", res.text or args.text)]
     rows += [(k, str(v)) for k, v in res.summary().items() if k != "request_id"]
     rows += [(f"ms/frame {k}", f"{v:.1f}") for k, v in sorted(per_stage.items())]

@@ -1,8 +1,10 @@
 """``Pipeline``: the public entry point — talker stage + code2wav stage behind one notebook-friendly API.
 
 Contract:
-- ``Pipeline.from_pretrained(path_or_hub_id, device="cpu", backend="eager", dtype=None)`` loads the
-  released checkpoint layout (``omnilab.loading``) and builds the stages. Only ``device="cpu"``.
+- ``Pipeline.from_pretrained(path_or_hub_id, device="cpu", backend="vllm", deploy_profile="auto")`` loads
+  the released checkpoint layout (``omnilab.loading``), applies the deploy profile (``omnilab.deployment``:
+  threads, CPU lists, KV budget, dtype, chunking; ``pipe.profile``, ``pipe.check_profile()``) and builds
+  the stages. Only ``device="cpu"``.
 - ``generate(...)`` runs one utterance (or a list, batched in the talker) to completion and returns
   ``SynthesisResult``; ``stream(...)`` yields ``AudioChunk``s while later frames are still being
   generated (closing the iterator aborts the request and frees its talker and decoder state).
@@ -85,8 +87,9 @@ class Pipeline:
     """Qwen3-TTS 12 Hz on CPU. Build with :meth:`from_pretrained`."""
 
     def __init__(self, model, talker_stage, code2wav_stage, *, backend: str,
-                 chunk_schedule: ChunkSchedule | None = None, hooks: Any = None):
+                 chunk_schedule: ChunkSchedule | None = None, hooks: Any = None, deployment: Any = None):
         self.model = model
+        self.deployment = deployment
         self.backend = backend
         self._talker = talker_stage
         self.code2wav = code2wav_stage
@@ -104,51 +107,86 @@ class Pipeline:
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str | os.PathLike | None = None, *, device: str = "cpu",
-                        backend: str = "eager", dtype: Any = None, num_threads: int | None = None,
-                        chunk_schedule: ChunkSchedule | None = None, hooks: Any = None,
-                        deploy: Any = None) -> "Pipeline":
+                        backend: str = "vllm", deploy_profile: Any = "auto", deploy: Any = None,
+                        dtype: Any = None, num_threads: int | None = None, max_concurrency: int | None = None,
+                        chunk_schedule: ChunkSchedule | None = None, hooks: Any = None) -> "Pipeline":
         """Load a checkpoint (directory or hub id; None = the embedded tiny default) and build the stages.
 
         Args:
             device: only ``"cpu"``.
-            backend: ``"eager"`` (plain torch in this process) or ``"vllm"`` (the talker inside vLLM's CPU
-                engine; see ``deploy``).
-            dtype: compute dtype for the talker (None = fp32 unless the CPU has native bf16).
-            num_threads: torch intra-op threads for this process (None = leave as is).
-            chunk_schedule: streaming chunk sizes (default: first chunk 1 frame, then 25).
+            backend: ``"vllm"`` (default: the talker inside vLLM's CPU engine) or ``"eager"`` (plain torch
+                in this process).
+            deploy_profile: ``"auto"`` (probe this machine and plan threads, CPU lists, KV budget, dtype and
+                chunking), a preset name (``omnilab.profiles.list_presets()``), a deploy YAML path, a
+                ``DeployProfile``, or None (apply nothing). ``pipe.profile`` shows what was applied.
+            deploy: ``backend="vllm"`` only: None/``"auto"`` (stage worker processes when the profile gives
+                each stage its own CPUs, else the engine in this process), ``"inprocess"``, ``"workers"``
+                (vLLM engine-core, talker worker and code2wav worker processes bound to the profile's CPUs),
+                or an explicit ``omnilab.stages.vllm_deploy.VllmDeploy`` / ``VllmStageConfig`` / dict.
+            dtype: compute dtype (None = the profile's: bf16 only where the CPU has native bf16).
+            num_threads: talker threads (None = the profile's; without a profile, leave torch as is).
+            max_concurrency: concurrent requests the profile sizes the KV cache and ``max_num_seqs`` for.
+            chunk_schedule: streaming chunk sizes (default: the profile's; without one 1 frame, then 25).
             hooks: instrumentation (``omnilab.hooks``): a ``Hook``, a callable ``fn(span)``, or a list;
                 e.g. ``[TimingHook(), ThreadUsageHook()]``. Every result carries a ``Trace`` either way.
-            deploy: ``backend="vllm"`` only: None (engine in this process, lock-step), ``"multiprocess"``
-                (engine-core, talker worker and code2wav worker processes bound to their CPUs), or a
-                ``omnilab.stages.vllm_deploy.VllmDeploy`` / ``VllmStageConfig`` / ``DeployProfile`` / dict.
         """
         if not isinstance(device, str) or device.lower() != "cpu":
             raise UnsupportedError(f"device {device!r} is not supported: omnilab runs on CPUs; accepted: 'cpu'")
         if backend not in BACKENDS:
             raise InputError(f"backend {backend!r} is not known; accepted: {', '.join(BACKENDS)}")
-        if num_threads is not None:
-            if not isinstance(num_threads, int) or num_threads < 1:
-                raise InputError(f"num_threads must be a positive integer; got {num_threads!r}")
-            torch.set_num_threads(num_threads)
-        flush_denormals()
-        from omnilab.loading import load_model
+        from omnilab.deployment import prepare
+        from omnilab.loading import load_model, resolve_checkpoint
         from omnilab.stages.code2wav_stage import Code2WavStage
         from omnilab.stages.talker_eager import EagerTalkerStage
 
         if path_or_hub_id is None:
             from omnilab.checkpoints import default_checkpoint
             path_or_hub_id = default_checkpoint()
+        path = resolve_checkpoint(path_or_hub_id)
+        dep = prepare(path, backend=backend, deploy_profile=deploy_profile, deploy=deploy, dtype=dtype,
+                      num_threads=num_threads, max_concurrency=max_concurrency, chunk_schedule=chunk_schedule)
+        if dep.num_threads is not None:
+            torch.set_num_threads(dep.num_threads)
+        flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm_deploy import build_stages, client_load_options
-            model = load_model(path_or_hub_id, dtype=dtype, **client_load_options(deploy))
-            talker_stage, code2wav_stage = build_stages(model, deploy)
+            model = load_model(path, dtype=dep.dtype, **client_load_options(dep.vllm_deploy))
+            talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy)
         else:
-            model = load_model(path_or_hub_id, dtype=dtype)
-            if deploy is not None:
-                raise InputError("deploy= applies to backend='vllm' only")
+            model = load_model(path, dtype=dep.dtype)
             talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav)
-        return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=chunk_schedule,
-                   hooks=hooks)
+        return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,
+                   hooks=hooks, deployment=dep)
+
+    @property
+    def profile(self):
+        """The ``DeployProfile`` applied to the stages (None if built with ``deploy_profile=None``)."""
+        return self.deployment.profile if self.deployment is not None else None
+
+    def check_profile(self) -> dict[str, Any]:
+        """Read back every stage's CPU affinity and threads and compare them with :attr:`profile`.
+
+        Returns ``{stage: ProcessReadback}`` for stages in worker processes and ``{stage: threads}`` for
+        stages in this process; raises ``WorkerError`` listing every difference from the plan."""
+        from omnilab.errors import WorkerError
+        from omnilab.profiles.readback import check_process
+
+        if self.profile is None:
+            raise InputError("this Pipeline has no deploy profile (built with deploy_profile=None)")
+        out: dict[str, Any] = {}
+        roles = {role: pid for pid, role in self.processes().items()}
+        for stage, info in (("talker", getattr(self._talker, "summary", None)),
+                            ("code2wav", getattr(self.code2wav, "info", None))):
+            if stage in roles:
+                out[stage] = check_process(self.profile, stage, roles[stage],
+                                           reported_threads=info()["torch_threads"] if info else None)
+            else:
+                want = self.profile.threads("talker")  # in-process stages run on this process's threads
+                if torch.get_num_threads() != want:
+                    raise WorkerError(f"{stage} runs in this process with {torch.get_num_threads()} torch threads; "
+                                      f"the profile says {want}")
+                out[stage] = want
+        return out
 
     # ---- requests ---------------------------------------------------------------------------------
     def _sampling(self, kw: dict[str, Any]) -> SamplingParams:

@@ -153,7 +153,7 @@ def test_device_and_backend_errors(tiny_ckpt):
 
 
 def test_closed_pipeline_refuses_work(tiny_ckpt):
-    with Pipeline.from_pretrained(tiny_ckpt(), dtype="float32") as pipe:
+    with Pipeline.from_pretrained(tiny_ckpt(), backend="eager", dtype="float32") as pipe:
         pass
     with pytest.raises(InputError, match="closed"):
         pipe.generate(TEXT, speaker="vivian")
@@ -167,13 +167,13 @@ def _tone(sr: int, seconds: float = 1.5) -> np.ndarray:
 
 
 def test_voice_design_and_base_variants(tiny_ckpt, tmp_path):
-    with Pipeline.from_pretrained(tiny_ckpt("voice_design"), dtype="float32") as vd:
+    with Pipeline.from_pretrained(tiny_ckpt("voice_design"), backend="eager", dtype="float32") as vd:
         a = vd.generate(TEXT, instruct="A calm, low voice.", max_new_tokens=6, **GREEDY)
         b = vd.generate(TEXT, instruct="A bright, fast voice.", max_new_tokens=6, **GREEDY)
         assert a.codes.shape == (5, 16) and not np.array_equal(a.codes, b.codes)
         with pytest.raises(InputError, match="no built-in speakers"):
             vd.generate(TEXT, speaker="vivian")
-    with Pipeline.from_pretrained(tiny_ckpt("base"), dtype="float32") as base:
+    with Pipeline.from_pretrained(tiny_ckpt("base"), backend="eager", dtype="float32") as base:
         with pytest.raises(InputError, match="ref_audio is required"):
             base.generate(TEXT)
         with pytest.raises(InputError, match="ref_text"):

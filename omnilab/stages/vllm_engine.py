@@ -99,6 +99,12 @@ class VllmTalkerStage:
         self.engine = self._build_engine()
         self._finalizer = weakref.finalize(self, _shutdown, self.engine.engine_core)
         self._closed = False
+        if config.multiprocess:
+            # The engine core runs steps ahead of step() calls, so a per-step flag could arrive after the
+            # frame was computed: across processes the hidden state always travels (4 B x H per frame)
+            # and step() drops it unless asked for.
+            self.rpc("omnilab_set", None, True)
+            self._return_hidden = True
 
     # ---- construction --------------------------------------------------------------------------------
     def _build_engine(self):
@@ -264,7 +270,7 @@ class VllmTalkerStage:
         """One engine step -> one :class:`VllmFrameOutput` per request that produced something."""
         self._check_open()
         outs, self._pending = self._pending, []
-        if return_hidden != self._return_hidden:
+        if return_hidden != self._return_hidden and not self.config.multiprocess:
             self.rpc("omnilab_set", None, return_hidden)
             self._return_hidden = return_hidden
         if not self._live:
@@ -290,7 +296,7 @@ class VllmTalkerStage:
                 reason = "length" if finished else None
             o = VllmFrameOutput(
                 live.user_id, d["frame_index"] if d else live.frames, codes, finished, reason, live.seed,
-                hidden=d["hidden"] if d else None, step_ms=step_ms, schedule_ms=self.schedule_ms)
+                hidden=d["hidden"] if d and return_hidden else None, step_ms=step_ms, schedule_ms=self.schedule_ms)
             if d:
                 for name in vllm_payload.TIMING_FIELDS:
                     setattr(o, name, d[name])

@@ -1,0 +1,153 @@
+"""Turn ``Pipeline.from_pretrained``'s deployment arguments into what the stages are built with.
+
+Contract: ``prepare(checkpoint_dir, backend=, deploy_profile=, deploy=, dtype=, num_threads=,
+max_concurrency=, chunk_schedule=) -> Deployment`` resolves the deploy profile (``"auto"``, a preset
+name, a YAML path, a ``DeployProfile``, or None for none) for this machine and this checkpoint, folds
+the explicit arguments into it (``dtype``/``num_threads``/``max_concurrency`` re-plan as argument
+overrides; ``OMNILAB_*`` variables still win, as everywhere in ``omnilab.profiles``), and decides where
+each stage runs:
+
+- ``backend="eager"``: both stages in this process, the talker's torch threads from the profile.
+- ``backend="vllm"``: ``deploy="inprocess"`` (engine in this process, lock-step), ``"workers"`` (vLLM
+  engine-core + talker worker bound to the profile's talker CPUs, code2wav worker on its CPUs), or
+  None = ``"auto"``: workers when the profile splits the CPUs between the stages (mode ``split``),
+  in-process when they share them (mode ``shared``: on few cores a separate process only contends).
+  An explicit ``VllmDeploy``/``VllmStageConfig``/dict is used as given.
+
+``Deployment`` is what ``pipe.profile`` / ``pipe.deployment`` show. Plain Python: no vLLM import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omnilab.errors import InputError
+
+DEPLOY_MODES = ("auto", "inprocess", "workers")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where the stages run and with what: the applied profile (None without one) and the reasons."""
+    backend: str
+    profile: Any                   # omnilab.profiles.DeployProfile | None
+    placement: str                 # "in-process" | "workers" | "custom"
+    reason: str
+    dtype: Any                     # what load_model gets (None = its own rule)
+    num_threads: int | None        # torch threads of this process (None = leave as is)
+    chunk_schedule: Any            # ChunkSchedule | None
+    vllm_deploy: Any = None        # VllmDeploy spec for omnilab.stages.vllm_deploy (vllm backend)
+
+    def rows(self) -> list[tuple[str, str]]:
+        p = self.profile
+        out = [("backend", self.backend), ("placement", f"{self.placement}: {self.reason}"),
+               ("profile", repr(p.name) if p is not None else "none")]
+        if self.chunk_schedule is not None:
+            c = self.chunk_schedule
+            out.append(("chunks (frames)", "/".join(map(str, (c.first_frames, *c.ramp, c.steady_frames)))))
+        if self.num_threads is not None:
+            out.append(("client torch threads", str(self.num_threads)))
+        return out
+
+    def __repr__(self) -> str:
+        name = self.profile.name if self.profile is not None else None
+        return f"Deployment(backend={self.backend!r}, placement={self.placement!r}, profile={name!r})"
+
+    def _repr_html_(self) -> str:
+        from omnilab.hardware import html_table
+        body = html_table(["what", "value"], self.rows())
+        return body + (self.profile._repr_html_() if self.profile is not None else "")
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    from omnilab.loading import resolve_dtype
+    d, _ = resolve_dtype(dtype)
+    return "float32" if str(d) == "torch.float32" else "bfloat16"
+
+
+def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = None, num_threads: int | None = None,
+                             max_concurrency: int | None = None):
+    """The ``DeployProfile`` for ``from_pretrained``'s ``deploy_profile`` and explicit arguments (or None)."""
+    if spec is None:
+        if max_concurrency is not None:
+            raise InputError("max_concurrency= sizes the deploy profile; it needs deploy_profile (e.g. 'auto')")
+        return None
+    from omnilab.profiles import DeployProfile, resolve_profile
+    from omnilab.profiles.planner import as_geometry
+
+    name = _dtype_name(dtype)
+    if isinstance(spec, DeployProfile):
+        profile = resolve_profile(spec)
+        if num_threads is not None and num_threads != profile.threads("talker"):
+            raise InputError(f"num_threads={num_threads} contradicts the given DeployProfile's talker_threads="
+                             f"{profile.threads('talker')}; change the profile (plan(overrides=...)) or drop num_threads")
+        if max_concurrency is not None and max_concurrency > profile.max_num_seqs.value:
+            raise InputError(f"max_concurrency={max_concurrency} is above the given DeployProfile's max_num_seqs="
+                             f"{profile.max_num_seqs.value}")
+        return profile.replace(dtype=name) if name and name != profile.dtype.value else profile
+    if not (isinstance(spec, (str, Path)) or hasattr(spec, "keys")):
+        raise InputError(f"deploy_profile {spec!r} is not understood; accepted: 'auto', a preset name, a YAML path, "
+                         "a DeployProfile, or None")
+    overrides = {k: v for k, v in (("dtype", name), ("talker_threads", num_threads)) if v is not None}
+    kwargs: dict[str, Any] = {"overrides": overrides} if overrides else {}
+    if max_concurrency is not None:
+        kwargs["max_concurrency"] = max_concurrency
+    return resolve_profile(spec, model_config=as_geometry(checkpoint_dir), **kwargs)
+
+
+def _chunk_schedule(profile):
+    from omnilab.models.code2wav_stream import ChunkSchedule
+    return ChunkSchedule(first_frames=profile.first_chunk_frames.value, ramp=profile.chunk_ramp_frames.value,
+                         steady_frames=profile.steady_chunk_frames.value)
+
+
+def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto", deploy: Any = None,
+            dtype: Any = None, num_threads: int | None = None, max_concurrency: int | None = None,
+            chunk_schedule: Any = None) -> Deployment:
+    """Resolve profile and placement (see the module docstring)."""
+    if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool)
+                                    or num_threads < 1):
+        raise InputError(f"num_threads must be a positive integer; got {num_threads!r}")
+    if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+        raise InputError(f"max_concurrency must be a positive integer; got {max_concurrency!r}")
+    if isinstance(deploy, str) and deploy not in DEPLOY_MODES + ("multiprocess",):
+        raise InputError(f"deploy {deploy!r} is not known; accepted: {', '.join(DEPLOY_MODES)}, a VllmDeploy, "
+                         "a VllmStageConfig or a dict of its fields")
+    if backend == "eager" and deploy not in (None, "auto", "inprocess"):
+        raise InputError(f"deploy={deploy!r} applies to backend='vllm' only (the eager backend runs in this process)")
+    profile = resolve_pipeline_profile(checkpoint_dir, deploy_profile, dtype=dtype, num_threads=num_threads,
+                                       max_concurrency=max_concurrency)
+    sched = chunk_schedule if chunk_schedule is not None else (_chunk_schedule(profile) if profile else None)
+    load_dtype = profile.dtype.value if profile is not None else dtype
+    threads = num_threads if profile is None else profile.threads("talker")
+    if backend == "eager":
+        why = "the eager backend runs both stages in this process"
+        return Deployment(backend, profile, "in-process", why, load_dtype, threads, sched)
+    mode = "workers" if deploy == "multiprocess" else (deploy or "auto")
+    if not isinstance(mode, str):  # an explicit VllmDeploy / VllmStageConfig / dict
+        return Deployment(backend, profile, "custom", "deploy= given explicitly", load_dtype, num_threads, sched,
+                          vllm_deploy=deploy)
+    if mode == "auto":
+        if profile is None:
+            mode, why = "inprocess", "no deploy profile: the engine runs in this process"
+        elif profile.mode.value == "split":
+            mode, why = "workers", "the profile gives each stage its own CPUs (mode split)"
+        else:
+            mode, why = "inprocess", ("the profile has the stages share CPUs (mode shared): separate worker "
+                                      "processes would only contend for them; deploy='workers' forces them")
+    else:
+        why = f"deploy={deploy!r}"
+    if profile is None:
+        from omnilab.stages.vllm_deploy import VllmDeploy, VllmStageConfig
+        spec = VllmDeploy.multiprocess_default() if mode == "workers" else VllmDeploy(
+            VllmStageConfig(talker_threads=num_threads))
+    else:
+        from omnilab.stages.vllm_deploy import VllmDeploy
+        spec = VllmDeploy.from_profile(profile, multiprocess=mode == "workers")
+    placement = "workers" if mode == "workers" else "in-process"
+    # In workers the talker's threads live in its process; this process keeps its own setting.
+    return Deployment(backend, profile, placement, why, load_dtype,
+                      None if mode == "workers" else threads, sched, vllm_deploy=spec)

@@ -1,0 +1,119 @@
+"""``omnilab.deployment``: how ``from_pretrained``'s deploy arguments become the applied profile and placement.
+
+No vLLM engine is built here (``prepare`` is plain policy); the eager pipeline checks that the profile's
+threads, dtype and chunking are what the stages run with.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnilab.deployment import prepare
+from omnilab.errors import ConfigError, InputError
+from omnilab.profiles import DeployProfile, plan
+from omnilab.profiles.planner import as_geometry
+
+
+@pytest.fixture(autouse=True)
+def _no_profile_env(monkeypatch):
+    import os
+    for k in list(os.environ):
+        if k.startswith("OMNILAB_") and k not in ("OMNILAB_CACHE",):
+            monkeypatch.delenv(k)
+
+
+def test_auto_profile_on_shared_cpus_runs_the_engine_in_process(tiny_ckpt):
+    d = prepare(tiny_ckpt(), backend="vllm")
+    assert isinstance(d.profile, DeployProfile) and d.profile.name == "auto"
+    if d.profile.mode.value == "shared":
+        assert d.placement == "in-process" and "shared" in d.reason
+        assert d.vllm_deploy.talker.multiprocess is False
+    else:
+        assert d.placement == "workers"
+    assert d.vllm_deploy.talker.kv_cache_memory_bytes == d.profile.kv_cache_bytes.value
+    assert d.vllm_deploy.talker.max_num_seqs == d.profile.max_num_seqs.value
+    assert d.dtype == d.profile.dtype.value and d.profile.dtype.source == "auto"
+    c = d.chunk_schedule
+    assert (c.first_frames, c.ramp, c.steady_frames) == (d.profile.first_chunk_frames.value,
+                                                         d.profile.chunk_ramp_frames.value,
+                                                         d.profile.steady_chunk_frames.value)
+
+
+def test_split_profile_puts_stages_in_workers_on_the_planned_cpus(tiny_ckpt, monkeypatch):
+    monkeypatch.setenv("OMNILAB_STAGE_MODE", "split")
+    d = prepare(tiny_ckpt(), backend="vllm")
+    p = d.profile
+    assert p.mode.value == "split" and p.mode.source == "env OMNILAB_STAGE_MODE"
+    assert d.placement == "workers" and d.num_threads is None  # this process's threads are left alone
+    t = d.vllm_deploy.talker
+    assert t.multiprocess and t.talker_cpus == p.cpus("talker") and t.talker_threads == p.threads("talker")
+    assert d.vllm_deploy.code2wav_process and d.vllm_deploy.code2wav_cpus == p.cpus("code2wav")
+
+
+def test_explicit_arguments_replan_as_argument_overrides(tiny_ckpt):
+    d = prepare(tiny_ckpt(), backend="vllm", dtype="fp32", num_threads=1, max_concurrency=3, deploy="workers")
+    p = d.profile
+    assert p.dtype.value == "float32" and p.dtype.source == "argument"
+    assert p.talker_threads.value == 1 and p.talker_threads.source == "argument" and len(p.cpus("talker")) == 1
+    assert p.max_num_seqs.value == 3
+    # the KV budget is planned for the requested dtype and concurrency
+    kv_fp32 = plan(model_config=as_geometry(tiny_ckpt()), max_concurrency=3, overrides={"dtype": "float32"})
+    assert p.kv_cache_bytes.value == kv_fp32.kv_cache_bytes.value
+    assert d.placement == "workers" and "deploy='workers'" in d.reason
+
+
+def test_eager_backend_applies_threads_and_chunking(tiny_ckpt):
+    from omnilab.pipeline import Pipeline
+
+    before = torch.get_num_threads()
+    try:
+        with Pipeline.from_pretrained(tiny_ckpt(), backend="eager", num_threads=1, dtype="float32") as pipe:
+            assert pipe.profile.threads("talker") == 1 and torch.get_num_threads() == 1
+            assert pipe.model.dtype == torch.float32 and pipe.profile.dtype.value == "float32"
+            assert pipe.chunk_schedule.steady_frames == pipe.profile.steady_chunk_frames.value
+            assert pipe.check_profile() == {"talker": 1, "code2wav": 1}
+            assert pipe.deployment.placement == "in-process"
+            torch.set_num_threads(2)
+            with pytest.raises(Exception, match="torch threads"):
+                pipe.check_profile()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_no_profile_leaves_the_process_alone(tiny_ckpt):
+    from omnilab.pipeline import Pipeline
+
+    with Pipeline.from_pretrained(tiny_ckpt(), backend="eager", deploy_profile=None, dtype="float32") as pipe:
+        assert pipe.profile is None and pipe.chunk_schedule.steady_frames == 25
+        with pytest.raises(InputError, match="no deploy profile"):
+            pipe.check_profile()
+
+
+def test_bad_deploy_arguments_name_the_value(tiny_ckpt):
+    ck = tiny_ckpt()
+    with pytest.raises(InputError, match="deploy 'cluster'.*accepted: auto, inprocess, workers"):
+        prepare(ck, backend="vllm", deploy="cluster")
+    with pytest.raises(InputError, match="backend='vllm' only"):
+        prepare(ck, backend="eager", deploy="workers")
+    with pytest.raises(ConfigError, match="unknown deploy profile 'warp-drive'"):
+        prepare(ck, backend="vllm", deploy_profile="warp-drive")
+    with pytest.raises(InputError, match="deploy_profile 42"):
+        prepare(ck, backend="vllm", deploy_profile=42)
+    with pytest.raises(InputError, match="num_threads must be a positive integer"):
+        prepare(ck, backend="vllm", num_threads=0)
+    with pytest.raises(InputError, match="needs deploy_profile"):
+        prepare(ck, backend="vllm", deploy_profile=None, max_concurrency=2)
+    profile = plan(model_config=as_geometry(ck), overrides={"talker_threads": 1})
+    with pytest.raises(InputError, match="num_threads=2 contradicts"):
+        prepare(ck, backend="vllm", deploy_profile=profile, num_threads=2)
+
+
+def test_preset_and_yaml_profiles_apply(tiny_ckpt, tmp_path):
+    d = prepare(tiny_ckpt(), backend="eager", deploy_profile="vm-2core")
+    assert d.profile.name == "vm-2core" and d.dtype == "float32"
+    path = tmp_path / "mine.yaml"
+    d.profile.to_yaml(path)
+    d2 = prepare(tiny_ckpt(), backend="eager", deploy_profile=str(path))
+    assert d2.profile.values() == d.profile.values()
+    d3 = prepare(tiny_ckpt(), backend="eager", deploy_profile=d.profile, dtype="bfloat16")
+    assert d3.profile.dtype.value == "bfloat16" and d3.profile.dtype.source == "argument"
