@@ -151,3 +151,28 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     # In workers the talker's threads live in its process; this process keeps its own setting.
     return Deployment(backend, profile, placement, why, load_dtype,
                       None if mode == "workers" else threads, sched, vllm_deploy=spec)
+
+
+def check_stages(profile, processes: dict[int, str], info: dict[str, Any]) -> dict[str, Any]:
+    """Compare each stage with ``profile``: a worker process (``processes`` role == stage) by reading back
+    its affinity and threads (``info[stage]()`` reports its torch threads), a stage in this process by
+    this process's torch thread count. Raises ``WorkerError`` naming every difference."""
+    import torch
+
+    from omnilab.errors import WorkerError
+    from omnilab.profiles.readback import check_process
+
+    roles = {role: pid for pid, role in processes.items()}
+    out: dict[str, Any] = {}
+    for stage in ("talker", "code2wav"):
+        if stage in roles:
+            fn = info.get(stage)
+            out[stage] = check_process(profile, stage, roles[stage],
+                                       reported_threads=fn()["torch_threads"] if fn else None)
+        else:
+            want = profile.threads("talker")  # a stage in this process runs on this process's threads
+            if torch.get_num_threads() != want:
+                raise WorkerError(f"{stage} runs in this process with {torch.get_num_threads()} torch threads; "
+                                  f"the profile says {want}")
+            out[stage] = want
+    return out

@@ -168,25 +168,12 @@ class Pipeline:
 
         Returns ``{stage: ProcessReadback}`` for stages in worker processes and ``{stage: threads}`` for
         stages in this process; raises ``WorkerError`` listing every difference from the plan."""
-        from omnilab.errors import WorkerError
-        from omnilab.profiles.readback import check_process
+        from omnilab.deployment import check_stages
 
         if self.profile is None:
             raise InputError("this Pipeline has no deploy profile (built with deploy_profile=None)")
-        out: dict[str, Any] = {}
-        roles = {role: pid for pid, role in self.processes().items()}
-        for stage, info in (("talker", getattr(self._talker, "summary", None)),
-                            ("code2wav", getattr(self.code2wav, "info", None))):
-            if stage in roles:
-                out[stage] = check_process(self.profile, stage, roles[stage],
-                                           reported_threads=info()["torch_threads"] if info else None)
-            else:
-                want = self.profile.threads("talker")  # in-process stages run on this process's threads
-                if torch.get_num_threads() != want:
-                    raise WorkerError(f"{stage} runs in this process with {torch.get_num_threads()} torch threads; "
-                                      f"the profile says {want}")
-                out[stage] = want
-        return out
+        return check_stages(self.profile, self.processes(), {
+            "talker": getattr(self._talker, "summary", None), "code2wav": getattr(self.code2wav, "info", None)})
 
     # ---- requests ---------------------------------------------------------------------------------
     def _sampling(self, kw: dict[str, Any]) -> SamplingParams:
@@ -404,5 +391,6 @@ class Pipeline:
 
     def __repr__(self) -> str:
         c = self.model.config
-        return (f"Pipeline({c.tts_model_size} {c.tts_model_type}, backend={self.backend!r}, "
+        where = f", {self.deployment.placement}" if self.deployment is not None else ""
+        return (f"Pipeline({c.tts_model_size} {c.tts_model_type}, backend={self.backend!r}{where}, "
                 f"dtype={str(self.model.dtype).replace('torch.', '')}, path={str(self.model.path)!r})")

@@ -153,35 +153,66 @@ def run_streams(pipe, n: int, frames: int, schedule=(1, 25)) -> dict:
     return out
 
 
+BACKENDS = {
+    # name -> how it is built (all fp32, same checkpoint)
+    "eager": "plain torch in this process (talker + predictor + code2wav), --threads torch threads",
+    "vllm": "vLLM engine in this process (lock-step), code2wav in this process, --threads torch threads",
+    "vllm-workers": "Pipeline.from_pretrained(deploy='workers') under the auto deploy profile: vLLM engine-core + "
+                    "talker worker + code2wav worker, CPUs and threads as planned (--threads = talker threads)",
+    "vllm-inductor": "as vllm, with the code predictor's MLPs compiled by inductor (OMNILAB_CPU_INDUCTOR)",
+    "vllm-workers-inductor": "as vllm-workers, predictor MLPs compiled by inductor",
+    "vllm-compiled": "as vllm, with vLLM's own torch.compile path for the talker (enforce_eager=False)",
+}
+
+
 def build(name: str, ckpt: str, args):
     from omnilab.pipeline import Pipeline
     from omnilab.stages.vllm_deploy import VllmDeploy
     from omnilab.stages.vllm_engine import VllmStageConfig
 
-    common = dict(max_model_len=args.max_model_len, block_size=128, enforce_eager=not args.compile_talker)
+    if name not in BACKENDS:
+        raise SystemExit(f"unknown backend {name!r}; accepted: {', '.join(BACKENDS)}")
+    inductor = name.endswith("-inductor")
+    compiled = name == "vllm-compiled" or args.compile_talker
+    common = dict(max_model_len=args.max_model_len, block_size=128, enforce_eager=not compiled,
+                  compile_predictor=inductor, max_num_seqs=max(args.concurrency, 1))
     if name == "eager":
-        return Pipeline.from_pretrained(ckpt, backend="eager", dtype="float32", num_threads=args.threads)
-    if name == "vllm":
-        import torch
-        torch.set_num_threads(args.threads)
-        return Pipeline.from_pretrained(ckpt, backend="vllm", dtype="float32",
-                                        deploy=VllmDeploy(VllmStageConfig(**common), code2wav="inprocess"))
-    cpus = sorted(os.sched_getaffinity(0))
-    talker_cpus = tuple(cpus[:args.threads]) if args.talker_cpus is None else tuple(args.talker_cpus)
-    c2w_cpus = (cpus[-1],) if args.code2wav_cpus is None else tuple(args.code2wav_cpus)
-    deploy = VllmDeploy(VllmStageConfig(multiprocess=True, talker_cpus=talker_cpus, talker_threads=len(talker_cpus),
-                                        **common),
-                        code2wav="process", code2wav_cpus=c2w_cpus, code2wav_threads=len(c2w_cpus))
-    return Pipeline.from_pretrained(ckpt, backend="vllm", dtype="float32", deploy=deploy)
+        return Pipeline.from_pretrained(ckpt, backend="eager", dtype="float32", num_threads=args.threads,
+                                        deploy_profile=None)
+    if name.startswith("vllm-workers"):
+        if args.talker_cpus is None and args.code2wav_cpus is None:  # what users get: the auto profile
+            import dataclasses
+            from omnilab.deployment import prepare
+            dep = prepare(Path(ckpt), backend="vllm", deploy="workers", dtype="float32", num_threads=args.threads,
+                          max_concurrency=args.concurrency)
+            d = dep.vllm_deploy
+            talker = dataclasses.replace(d.talker, max_model_len=args.max_model_len, enforce_eager=not compiled,
+                                         compile_predictor=inductor, kv_cache_memory_bytes=None)  # as in-process
+            return Pipeline.from_pretrained(ckpt, backend="vllm", dtype="float32",
+                                            deploy=dataclasses.replace(d, talker=talker))
+        cpus = sorted(os.sched_getaffinity(0))
+        talker_cpus = tuple(cpus[:args.threads]) if args.talker_cpus is None else tuple(args.talker_cpus)
+        c2w_cpus = (cpus[-1],) if args.code2wav_cpus is None else tuple(args.code2wav_cpus)
+        deploy = VllmDeploy(VllmStageConfig(multiprocess=True, talker_cpus=talker_cpus,
+                                            talker_threads=len(talker_cpus), **common),
+                            code2wav="process", code2wav_cpus=c2w_cpus, code2wav_threads=len(c2w_cpus))
+        return Pipeline.from_pretrained(ckpt, backend="vllm", dtype="float32", deploy=deploy)
+    import torch
+    torch.set_num_threads(args.threads)
+    return Pipeline.from_pretrained(ckpt, backend="vllm", dtype="float32", deploy_profile=None,
+                                    deploy=VllmDeploy(VllmStageConfig(talker_threads=args.threads, **common),
+                                                      code2wav="inprocess"))
 
 
 def _fresh_processes(names, args, argv) -> int:
     """Run each backend in its own interpreter (same arguments) and merge the JSON files."""
     import subprocess
+    import tempfile
     merged, out = {}, Path(args.out)
     base = [a for a in argv]
+    parts = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
     for name in names:
-        part = out.with_name(f"{out.stem}.{name}.json")
+        part = parts / f"{name}.json"
         cmd = [sys.executable, __file__] + _replace_opt(_replace_opt(base, "--backends", name), "--out", str(part))
         if subprocess.call(cmd) != 0:
             print(f"backend {name} failed", file=sys.stderr)
@@ -192,6 +223,7 @@ def _fresh_processes(names, args, argv) -> int:
     out.write_text(json.dumps(merged, indent=1))
     print(f"merged -> {out}")
     _print_table(merged, [n for n in names if n in merged])
+    print(json.dumps(_headline(merged)))
     return 0
 
 
@@ -225,7 +257,8 @@ def _print_table(results: dict, names) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--backends", default="eager,vllm,vllm-workers")
+    ap.add_argument("--backends", default="eager,vllm,vllm-workers",
+                    help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in BACKENDS.items()))
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="talker threads (eager / in-process / worker)")
@@ -280,7 +313,25 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     _print_table(results, names)
+    print(json.dumps(_headline(results)))
     return 0
+
+
+def _headline(results: dict) -> dict:
+    """One JSON line: per backend the figures the targets are stated in."""
+    meta = results.get("meta", {})
+    ckpt = meta.get("checkpoint") or next((v for k, v in meta.items() if k.endswith(".checkpoint")), None)
+    out = {"bench": "vllm_stage", "checkpoint": ckpt}
+    for name, r in results.items():
+        if name == "meta" or not isinstance(r, dict) or "single" not in r:
+            continue
+        one, many = r["single"], r.get("concurrent") or {}
+        out[name] = {"step_ms": one.get("decode_step_ms"), "predictor_ms": one.get("predictor_ms"),
+                     "overhead_pct": one.get("overhead_pct"), "code2wav_ms_per_frame": one.get("code2wav_ms_per_frame"),
+                     "ttfa_ms": one.get("ttfa_ms"), "rtf": one.get("rtf"), "floor_ms": r.get("floor_ms"),
+                     "conc_speedup": r.get("concurrent_speedup"), "steady_speedup": r.get("steady_speedup"),
+                     "conc_rtf": many.get("rtf"), "peak_rss_gib": r.get("peak_rss_total_gib")}
+    return out
 
 
 if __name__ == "__main__":

@@ -71,6 +71,10 @@ def test_workers_under_auto_profile_read_back_equal_the_plan(tiny_ckpt, eager_co
         assert talker["torch_threads"] == prof.threads("talker")
         assert talker["omp_num_threads"] == str(prof.threads("talker"))
         assert set(read_process(roles["talker"]).pinned_cpus) == set(prof.cpus("talker"))
+        for stage in ("talker", "code2wav"):  # the planned preload (libiomp5 / tcmalloc) is mapped in
+            maps = open(f"/proc/{roles[stage]}/maps").read()
+            for lib in prof.preload.value:
+                assert os.path.realpath(lib) in maps or lib in maps, f"{lib} not loaded in the {stage} worker"
         c2w = pipe.code2wav.info()
         assert tuple(c2w["affinity"]) == prof.cpus("code2wav") and c2w["torch_threads"] == prof.threads("code2wav")
         np.testing.assert_array_equal(pipe.generate(TEXT, **KW).codes, eager_codes)
