@@ -12,6 +12,10 @@ Contract:
   mismatches -> ``ConfigError``, each naming the first offending tensors). Modules are built with their
   parameters on the meta device and the file's tensors are assigned one at a time (cast to the compute
   dtype as they are read), so the weights are never held twice. Never unpickles.
+- Building blocks for stage workers that load one part of a checkpoint themselves: ``weight_files(dir,
+  stem)`` (single file or shards), ``TensorIndex`` (tensor name -> lazy read, cast on read),
+  ``load_strict(factory, index, prefix, dtype, what)`` (meta-init a module and fill it strictly) and
+  ``meta_init()`` (build modules without allocating or initialising parameters).
 - Compute dtype (``resolve_dtype``): the argument, else ``$OMNILAB_DTYPE``, else bf16 only where the CPU
   has native bf16 (``omnilab.hardware.cpu_has_native_bf16``) and fp32 otherwise; always with a reason.
   It applies to the talker; code2wav, the speaker encoder and the Mimi encoder stay fp32.
@@ -36,7 +40,7 @@ from omnilab.errors import CheckpointError, ConfigError
 from omnilab.tokenizer import TextTokenizer
 
 __all__ = ["LoadedModel", "load_model", "resolve_checkpoint", "validate_checkpoint_dir", "resolve_dtype",
-           "REQUIRED_FILES"]
+           "REQUIRED_FILES", "weight_files", "TensorIndex", "load_strict", "meta_init"]
 
 REQUIRED_FILES = (
     "config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
@@ -167,7 +171,7 @@ def resolve_checkpoint(path_or_hub_id: str | os.PathLike, *, timeout_s: float = 
     return _download(s, timeout_s, revision)
 
 
-def _weight_files(path: Path, stem: str) -> list[Path] | None:
+def weight_files(path: Path, stem: str) -> list[Path] | None:
     """``stem.safetensors``, or the shards named by ``stem.safetensors.index.json``; None if neither."""
     single = path / f"{stem}.safetensors"
     if single.is_file():
@@ -191,7 +195,7 @@ def validate_checkpoint_dir(path: str | os.PathLike) -> Path:
     for name in REQUIRED_FILES:
         if name.endswith(".safetensors"):
             parent, stem = (path / name).parent, Path(name).stem
-            files = _weight_files(parent, stem)
+            files = weight_files(parent, stem)
             if files is None:
                 missing.append(name)
             else:
@@ -241,7 +245,7 @@ _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16
               "BOOL": torch.bool}
 
 
-class _TensorIndex:
+class TensorIndex:
     """Tensor name -> (file, dtype, shape, offsets) over safetensors files, read one tensor at a time.
 
     A tensor already in the wanted dtype is returned memory-mapped (zero copy, shared page cache);
@@ -293,7 +297,7 @@ def _names(keys, n: int = _SHOW) -> str:
     return ", ".join(keys[:n]) + more
 
 
-def _load_strict(factory: Callable[[], nn.Module], index: _TensorIndex, prefix: str, dtype: torch.dtype,
+def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: str, dtype: torch.dtype,
                  what: str) -> nn.Module:
     """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``index``."""
     with meta_init():
@@ -328,7 +332,7 @@ def _load_strict(factory: Callable[[], nn.Module], index: _TensorIndex, prefix: 
     return module.eval()
 
 
-def _unclaimed(index: _TensorIndex, prefixes: tuple[str, ...], file: str) -> None:
+def _unclaimed(index: TensorIndex, prefixes: tuple[str, ...], file: str) -> None:
     stray = sorted(k for k in index.where if not k.startswith(prefixes))
     if stray:
         raise CheckpointError(f"{file}: {len(stray)} unexpected tensor(s) outside {', '.join(prefixes)}: "
@@ -362,25 +366,25 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
     want_mimi = is_base if load_encoders == "auto" else bool(load_encoders)
     want_spk = is_base and load_encoders is not False
 
-    main = _TensorIndex(_weight_files(path, "model"))
+    main = TensorIndex(weight_files(path, "model"))
     _unclaimed(main, ("talker.", "speaker_encoder.") if is_base else ("talker.",), "model.safetensors")
-    talker = _load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)") \
+    talker = load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)") \
         if load_talker else None
     speaker_encoder = None
     if want_spk:
         from omnilab.models.speaker_encoder import SpeakerEncoder
-        speaker_encoder = _load_strict(lambda: SpeakerEncoder(config.speaker_encoder), main, "speaker_encoder.",
+        speaker_encoder = load_strict(lambda: SpeakerEncoder(config.speaker_encoder), main, "speaker_encoder.",
                                        torch.float32, "model.safetensors (speaker_encoder)")
     del main
 
-    codec = _TensorIndex(_weight_files(path / "speech_tokenizer", "model"))
+    codec = TensorIndex(weight_files(path / "speech_tokenizer", "model"))
     _unclaimed(codec, ("encoder.", "decoder."), "speech_tokenizer/model.safetensors")
-    code2wav = _load_strict(lambda: Code2Wav(speech.decoder), codec, "decoder.", torch.float32,
+    code2wav = load_strict(lambda: Code2Wav(speech.decoder), codec, "decoder.", torch.float32,
                             "speech_tokenizer/model.safetensors (decoder)") if load_code2wav else None
     mimi_encoder = None
     if want_mimi:
         from omnilab.models.mimi_encoder import MimiEncoder
-        mimi_encoder = _load_strict(lambda: MimiEncoder(speech.encoder, speech.encoder_valid_num_quantizers), codec,
+        mimi_encoder = load_strict(lambda: MimiEncoder(speech.encoder, speech.encoder_valid_num_quantizers), codec,
                                     "encoder.", torch.float32, "speech_tokenizer/model.safetensors (encoder)")
     return LoadedModel(path=path, config=config, speech_config=speech, generation=generation, talker=talker,
                        code2wav=code2wav, speaker_encoder=speaker_encoder, mimi_encoder=mimi_encoder,

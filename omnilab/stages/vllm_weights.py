@@ -105,10 +105,10 @@ def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: torch.dt
     codebooks) stay in their file dtype when that is bf16 and ``dtype`` is fp32 (exact upcast of each
     looked-up row): 0.75 GB less for the released 0.6B geometry."""
     from omnilab.errors import CheckpointError
-    from omnilab.loading import _weight_files
+    from omnilab.loading import weight_files
     from omnilab.models.talker import Talker
 
-    files = _weight_files(Path(checkpoint), "model")
+    files = weight_files(Path(checkpoint), "model")
     if not files:
         raise CheckpointError(f"{checkpoint}: no model.safetensors")
     tables = ["model.text_embedding.weight", "model.codec_embedding.weight"] + [
