@@ -99,6 +99,8 @@ def test_bad_deploy_arguments_name_the_value(tiny_ckpt):
         prepare(ck, backend="vllm", deploy_profile="warp-drive")
     with pytest.raises(InputError, match="deploy_profile 42"):
         prepare(ck, backend="vllm", deploy_profile=42)
+    with pytest.raises(ConfigError, match=r"no CPU placement satisfies talker_threads=64 \(argument\)"):
+        prepare(ck, backend="vllm", num_threads=64)
     with pytest.raises(InputError, match="num_threads must be a positive integer"):
         prepare(ck, backend="vllm", num_threads=0)
     with pytest.raises(InputError, match="needs deploy_profile"):

@@ -126,7 +126,7 @@ def test_explicit_cpu_lists_and_tensor_parallel_ranks():
     ({"OMNILAB_KV_CACHE_GIB": "100"}, r"kv_cache_bytes 100.00 GiB \(env OMNILAB_KV_CACHE_GIB\) is above the memory cap"),
     ({"OMNILAB_TALKER_THREADS": "abc"}, r"OMNILAB_TALKER_THREADS='abc': expected a positive integer"),
     ({"OMNILAB_DTYPE": "fp16"}, r"OMNILAB_DTYPE='fp16'.*float16 is not supported"),
-    ({"OMNILAB_TALKER_THREADS": "3"}, r"no CPU placement satisfies nt=3"),
+    ({"OMNILAB_TALKER_THREADS": "3"}, r"no CPU placement satisfies talker_threads=3 \(env OMNILAB_TALKER_THREADS\)"),
     ({"OMNILAB_STAGE_MODE": "both"}, r"OMNILAB_STAGE_MODE='both'"),
     ({"OMNILAB_MAX_MODEL_LEN": "100000"}, r"max_model_len=100000 .* exceeds"),
     ({"OMNILAB_TALKER_THREADS": "2", "OMNILAB_TALKER_CPUS": "0"}, r"talker_threads=2 .* has 1 CPUs"),

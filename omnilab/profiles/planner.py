@@ -227,7 +227,9 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
                           f"this machine has {len(pools)} node(s) with usable cores")
     cands = _candidates(cost, pools, budget, fixed)
     if not cands:
-        given = ", ".join(f"{k}={v!r}" for k, v in fixed.items() if v)
+        names = {"mode": "mode", "tp": "talker_tp_size", "nt": "talker_threads", "ranks": "talker_cpus",
+                 "nc": "code2wav_threads", "c2w": "code2wav_cpus"}
+        given = ", ".join(f"{names[k]}={v!r} ({got[names[k]][1]})" for k, v in fixed.items() if v)
         raise ConfigError(f"no CPU placement satisfies {given or 'the defaults'}: usable physical cores per NUMA node "
                           f"{ {n: format_cpulist(p) for n, p in pools.items()} } after reserving "
                           f"{format_cpulist(reserved) or 'none'}, compute budget {budget} CPUs")
