@@ -270,8 +270,14 @@ def main(argv=None) -> int:
     ap.add_argument("--same-process", action="store_true",
                     help="run every backend in this process (default: one fresh process each, so memory "
                          "figures are not inflated by an earlier backend)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="build the (in-process) backends side by side in this process and alternate single-stream "
+                         "runs for ROUNDS rounds: per-backend medians and ratios to the first backend, free of the "
+                         "drift between sequential runs on a shared machine")
     args = ap.parse_args(argv)
     names = args.backends.split(",")
+    if args.interleave:
+        return interleave(names, args)
     if len(names) > 1 and not args.same_process:
         return _fresh_processes(names, args, argv if argv is not None else sys.argv[1:])
     from omnilab.pipeline import flush_denormals
@@ -314,6 +320,40 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(results, indent=1))
     _print_table(results, names)
     print(json.dumps(_headline(results)))
+    return 0
+
+
+def interleave(names: list[str], args) -> int:
+    """Alternate single-stream runs of in-process backends held side by side (see ``--interleave``)."""
+    if any(n.startswith("vllm-workers") for n in names):
+        raise SystemExit("--interleave takes in-process backends only (workers bind CPUs for their lifetime)")
+    from omnilab.pipeline import flush_denormals
+    flush_denormals()
+    pipes = {n: build(n, args.checkpoint, args) for n in names}
+    for p in pipes.values():
+        run_streams(p, 1, 4)  # warm-up
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.interleave):
+        for n in names:
+            runs[n].append(run_streams(pipes[n], 1, args.frames))
+        print(f"round {r + 1}: " + "  ".join(f"{n} {runs[n][-1]['decode_step_ms']:.0f} ms" for n in names), flush=True)
+    for p in pipes.values():
+        p.close()
+    keys = ("decode_step_ms", "talker_forward_ms", "predictor_ms", "code2wav_ms_per_frame", "ttfa_ms", "rtf")
+    res = {n: {k: _med([x[k] for x in runs[n] if x.get(k) is not None]) for k in keys} for n in names}
+    base = names[0]
+    print("\nmedian over rounds".ljust(24) + "".join(n.rjust(16) for n in names))
+    for k in keys:
+        print(k.ljust(24) + "".join(str(res[n][k]).rjust(16) for n in names))
+    print(f"step ratio to {base}".ljust(24) + "".join(
+        str(round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3)).rjust(16) for n in names))
+    out = {"bench": "vllm_stage_interleaved", "checkpoint": args.checkpoint, "rounds": args.interleave,
+           "frames": args.frames, "threads": args.threads, "median": res,
+           "step_ratio": {n: round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3) for n in names},
+           "runs": runs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps({k: out[k] for k in ("bench", "rounds", "median", "step_ratio")}))
     return 0
 
 
