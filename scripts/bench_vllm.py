@@ -332,14 +332,21 @@ def interleave(names: list[str], args) -> int:
     pipes = {n: build(n, args.checkpoint, args) for n in names}
     for p in pipes.values():
         run_streams(p, 1, 4)  # warm-up
+    from omnilab import bench_drivers as drv
+    bpf = drv.bytes_per_frame(args.checkpoint, 4)
     runs: dict[str, list[dict]] = {n: [] for n in names}
+    floors = []
     for r in range(args.interleave):
+        floors.append(drv.measure_frame_floor(bpf, threads=args.threads, reps=2)["floor_ms"])
         for n in names:
             runs[n].append(run_streams(pipes[n], 1, args.frames))
-        print(f"round {r + 1}: " + "  ".join(f"{n} {runs[n][-1]['decode_step_ms']:.0f} ms" for n in names), flush=True)
+            runs[n][-1]["floor_ratio"] = round(runs[n][-1]["decode_step_ms"] / floors[-1], 3)
+        print(f"round {r + 1}: floor {floors[-1]:.0f} ms  " + "  ".join(
+            f"{n} {runs[n][-1]['decode_step_ms']:.0f} ms (x{runs[n][-1]['floor_ratio']:.2f})" for n in names), flush=True)
     for p in pipes.values():
         p.close()
-    keys = ("decode_step_ms", "talker_forward_ms", "predictor_ms", "code2wav_ms_per_frame", "ttfa_ms", "rtf")
+    keys = ("decode_step_ms", "floor_ratio", "talker_forward_ms", "predictor_ms", "code2wav_ms_per_frame", "ttfa_ms",
+            "rtf")
     res = {n: {k: _med([x[k] for x in runs[n] if x.get(k) is not None]) for k in keys} for n in names}
     base = names[0]
     print("\nmedian over rounds".ljust(24) + "".join(n.rjust(16) for n in names))
@@ -347,7 +354,9 @@ def interleave(names: list[str], args) -> int:
         print(k.ljust(24) + "".join(str(res[n][k]).rjust(16) for n in names))
     print(f"step ratio to {base}".ljust(24) + "".join(
         str(round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3)).rjust(16) for n in names))
+    print(f"floor ms per round: {[round(f, 1) for f in floors]}")
     out = {"bench": "vllm_stage_interleaved", "checkpoint": args.checkpoint, "rounds": args.interleave,
+           "floor_ms": [round(f, 1) for f in floors],
            "frames": args.frames, "threads": args.threads, "median": res,
            "step_ratio": {n: round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3) for n in names},
            "runs": runs}
