@@ -238,12 +238,7 @@ def test_default_checkpoint_is_made_once_even_when_raced(tmp_path, monkeypatch, 
 
 
 # ---- the official reference loads what we write ------------------------------------------------------
-def _reference_python() -> str | None:
-    repo = Path(__file__).resolve().parents[1]
-    for cand in (os.environ.get("OMNILAB_REF_PYTHON"), repo / ".venv-ref/bin/python", "/work/refenv/bin/python"):
-        if cand and Path(cand).is_file():
-            return str(cand)
-    return None
+from _reference import reference_python as _reference_python  # noqa: E402
 
 
 REF_SCRIPT = textwrap.dedent("""

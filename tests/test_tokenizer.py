@@ -117,12 +117,7 @@ def test_synthetic_fallback_keeps_the_special_ids(tmp_path, monkeypatch):
 
 
 # ---- parity with transformers' Qwen2TokenizerFast (official reference env) ----------------------
-def _reference_python() -> str | None:
-    repo = Path(__file__).resolve().parents[1]
-    for cand in (os.environ.get("OMNILAB_REF_PYTHON"), repo / ".venv-ref/bin/python", "/work/refenv/bin/python"):
-        if cand and Path(cand).is_file():
-            return str(cand)
-    return None
+from _reference import reference_python as _reference_python  # noqa: E402
 
 
 PARITY_TEXTS = [
