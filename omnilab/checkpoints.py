@@ -229,7 +229,7 @@ def _publish(tmp: Path, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _file_lock(lock_path: Path):
+def file_lock(lock_path: Path):
     import fcntl
 
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +248,7 @@ def default_checkpoint() -> Path:
     path = root / f"{size}-{variant}-seed{seed}-v{_FACTORY_VERSION}"
     if (path / "speech_tokenizer" / "model.safetensors").is_file():
         return path
-    with _file_lock(root / ".lock"):
+    with file_lock(root / ".lock"):
         if not (path / "speech_tokenizer" / "model.safetensors").is_file():  # another process may have won
             make_random_checkpoint(path, size, variant, seed, overwrite=True)
     return path

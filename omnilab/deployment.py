@@ -38,6 +38,8 @@ class Deployment:
     num_threads: int | None        # torch threads of this process (None = leave as is)
     chunk_schedule: Any            # ChunkSchedule | None
     vllm_deploy: Any = None        # VllmDeploy spec for omnilab.stages.vllm_deploy (vllm backend)
+    gemv: Any = None               # omnilab.kernels.GemvChoice of this process (set by Pipeline.from_pretrained)
+    hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
 
     def rows(self) -> list[tuple[str, str]]:
         p = self.profile
@@ -48,6 +50,10 @@ class Deployment:
             out.append(("chunks (frames)", "/".join(map(str, (c.first_frames, *c.ramp, c.steady_frames)))))
         if self.num_threads is not None:
             out.append(("client torch threads", str(self.num_threads)))
+        if self.gemv is not None:
+            out.append(("decode linears", f"{self.gemv.label}: {self.gemv.reason}"))
+        if self.hugepages is not None:
+            out.append(("decode weights", f"{self.hugepages.label}: {self.hugepages.reason}"))
         return out
 
     def __repr__(self) -> str:

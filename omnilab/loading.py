@@ -281,14 +281,19 @@ class TensorIndex:
                 from safetensors import safe_open
                 handle = self._mapped[path] = safe_open(str(path), framework="pt", device="cpu")
             return handle.get_tensor(name)
+        return self.read(name).to(dtype)
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor in its file dtype, read with plain file reads into a fresh tensor (no mapping)."""
+        path, info, base = self.where[name]
         start, end = info["data_offsets"]
-        raw = torch.empty(info["shape"], dtype=src)
+        raw = torch.empty(info["shape"], dtype=_ST_DTYPES[info["dtype"]])
         if end > start:
             with open(path, "rb") as fh:
                 fh.seek(base + start)
                 if fh.readinto(raw.reshape(-1).view(torch.uint8).numpy()) != end - start:
                     raise CheckpointError(f"{path}: truncated data for tensor {name}")
-        return raw.to(dtype)
+        return raw
 
 
 def _names(keys, n: int = _SHOW) -> str:
@@ -298,8 +303,11 @@ def _names(keys, n: int = _SHOW) -> str:
 
 
 def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: str, dtype: torch.dtype,
-                 what: str) -> nn.Module:
-    """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``index``."""
+                 what: str, streamed: Callable[[str], bool] | None = None) -> nn.Module:
+    """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``index``.
+
+    ``streamed`` (optional) selects matrices to place in one huge-page :class:`~omnilab.kernels.hugepages.
+    WeightArena` (kept as ``module.weight_arena``)."""
     with meta_init():
         module = factory()
     expected = {k: tuple(t.shape) for k, t in module.state_dict().items()}
@@ -320,10 +328,14 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         if mismatched:
             raise ConfigError(msg + ". Check that config.json / speech_tokenizer/config.json belong to these weights")
         raise CheckpointError(msg)
+    from omnilab.kernels.hugepages import plan_arena
+
+    arena, in_arena = plan_arena(expected, dtype, streamed)
     state = {}
-    for k in expected:
-        state[k] = index.get(present[k], dtype)
+    for k in expected:  # arena tensors: read in the file dtype, cast while copying in (no fp32 temporary)
+        state[k] = arena.put(index.read(present[k]), dtype) if k in in_arena else index.get(present[k], dtype)
     module.load_state_dict(state, strict=True, assign=True)
+    module.weight_arena = arena
     del state
     leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
     if leftover:
@@ -337,6 +349,12 @@ def _unclaimed(index: TensorIndex, prefixes: tuple[str, ...], file: str) -> None
     if stray:
         raise CheckpointError(f"{file}: {len(stray)} unexpected tensor(s) outside {', '.join(prefixes)}: "
                               f"{_names(stray)}")
+
+
+def streamed_selector() -> Callable[[str], bool] | None:
+    """The talker matrices to place in huge pages, or None where :func:`hugepages_choice` says no."""
+    from omnilab.kernels.hugepages import hugepages_choice, talker_streamed_name
+    return talker_streamed_name if hugepages_choice().enabled else None
 
 
 def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: bool | str = "auto", *,
@@ -368,8 +386,8 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
 
     main = TensorIndex(weight_files(path, "model"))
     _unclaimed(main, ("talker.", "speaker_encoder.") if is_base else ("talker.",), "model.safetensors")
-    talker = load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)") \
-        if load_talker else None
+    talker = load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)",
+                         streamed=streamed_selector()) if load_talker else None
     speaker_encoder = None
     if want_spk:
         from omnilab.models.speaker_encoder import SpeakerEncoder

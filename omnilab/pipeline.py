@@ -18,6 +18,8 @@ Contract:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import os
 import time
@@ -147,6 +149,10 @@ class Pipeline:
                       num_threads=num_threads, max_concurrency=max_concurrency, chunk_schedule=chunk_schedule)
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
+        from omnilab.kernels import gemv_choice
+        from omnilab.kernels.hugepages import hugepages_choice
+        # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES fails now; builds the kernel once per machine
+        dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice())
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm_deploy import build_stages, client_load_options

@@ -163,6 +163,38 @@ BACKENDS = {
     "vllm-workers-inductor": "as vllm-workers, predictor MLPs compiled by inductor",
     "vllm-compiled": "as vllm, with vLLM's own torch.compile path for the talker (enforce_eager=False)",
 }
+# Suffixes for any backend (combinable): the environment each sets while the backend is built (and, for
+# worker processes, for their lifetime).
+MODIFIERS = {
+    "+torch-gemv": ("OMNILAB_CPU_GEMV", "torch"),   # every linear on torch (MKL), not omnilab's 4-8 row kernel
+    "+4k-pages": ("OMNILAB_HUGEPAGES", "off"),      # decode weights in torch's allocations, not huge pages
+}
+
+
+def split_name(name: str) -> tuple[str, dict[str, str]]:
+    """``"vllm+torch-gemv+4k-pages"`` -> ``("vllm", {"OMNILAB_CPU_GEMV": "torch", "OMNILAB_HUGEPAGES": "off"})``."""
+    base, env = name, {}
+    changed = True
+    while changed:
+        changed = False
+        for suffix, (var, value) in MODIFIERS.items():
+            if base.endswith(suffix):
+                base, env[var], changed = base[: -len(suffix)], value, True
+    if base not in BACKENDS:
+        raise SystemExit(f"unknown backend {name!r}; accepted: {', '.join(BACKENDS)}, each with optional suffixes "
+                         f"{', '.join(MODIFIERS)}")
+    return base, env
+
+
+def apply_env(name: str) -> None:
+    """Set this backend's modifier variables (and clear the others) before it is built; the GEMV choice of
+    this process is re-resolved."""
+    from omnilab.kernels import gemv
+    env = split_name(name)[1]
+    for var, _ in MODIFIERS.values():
+        os.environ.pop(var, None)
+    os.environ.update(env)
+    gemv.reset()
 
 
 def build(name: str, ckpt: str, args):
@@ -170,8 +202,7 @@ def build(name: str, ckpt: str, args):
     from omnilab.stages.vllm_deploy import VllmDeploy
     from omnilab.stages.vllm_engine import VllmStageConfig
 
-    if name not in BACKENDS:
-        raise SystemExit(f"unknown backend {name!r}; accepted: {', '.join(BACKENDS)}")
+    name, _ = split_name(name)
     inductor = name.endswith("-inductor")
     compiled = name == "vllm-compiled" or args.compile_talker
     common = dict(max_model_len=args.max_model_len, block_size=128, enforce_eager=not compiled,
@@ -292,9 +323,11 @@ def main(argv=None) -> int:
     def floor() -> float:  # the memory-bandwidth floor of one frame right now (shared machine)
         return round(drv.measure_frame_floor(bpf, threads=args.threads, reps=2)["floor_ms"], 1)
 
+    from omnilab.kernels import gemv_choice
     for name in names:
         gc.collect()
         floor_before = floor()
+        apply_env(name)
         with MemorySampler() as mem:
             t = time.perf_counter()
             pipe = build(name, args.checkpoint, args)
@@ -307,7 +340,8 @@ def main(argv=None) -> int:
         del pipe
         floor_ms = round((floor_before + floor()) / 2, 1)
         one["floor_ratio"] = round(one["decode_step_ms"] / floor_ms, 2) if one["decode_step_ms"] else None
-        r = {"init_s": round(init_s, 1), "floor_ms": floor_ms, "single": one, "concurrent": many, "processes": procs,
+        r = {"init_s": round(init_s, 1), "gemv": gemv_choice().label, "env": split_name(name)[1],
+             "floor_ms": floor_ms, "single": one, "concurrent": many, "processes": procs,
              "peak_rss_total_gib": round(mem.peak_total / 2**30, 3),
              "peak_rss_gib": {k: round(v / 2**30, 3) for k, v in mem.peaks.items()}}
         if many:
@@ -329,9 +363,15 @@ def interleave(names: list[str], args) -> int:
         raise SystemExit("--interleave takes in-process backends only (workers bind CPUs for their lifetime)")
     from omnilab.pipeline import flush_denormals
     flush_denormals()
-    pipes = {n: build(n, args.checkpoint, args) for n in names}
-    for p in pipes.values():
-        run_streams(p, 1, 4)  # warm-up
+    from omnilab.kernels import use_gemv
+    modes = {n: split_name(n)[1].get("OMNILAB_CPU_GEMV", "auto") for n in names}
+    pipes = {}
+    for n in names:
+        apply_env(n)  # the weight placement is fixed at load; the GEMV mode is switched per run below
+        pipes[n] = build(n, args.checkpoint, args)
+    for n, p in pipes.items():
+        with use_gemv(modes[n]):
+            run_streams(p, 1, 4)  # warm-up
     from omnilab import bench_drivers as drv
     bpf = drv.bytes_per_frame(args.checkpoint, 4)
     runs: dict[str, list[dict]] = {n: [] for n in names}
@@ -339,7 +379,8 @@ def interleave(names: list[str], args) -> int:
     for r in range(args.interleave):
         floors.append(drv.measure_frame_floor(bpf, threads=args.threads, reps=2)["floor_ms"])
         for n in names:
-            runs[n].append(run_streams(pipes[n], 1, args.frames))
+            with use_gemv(modes[n]):
+                runs[n].append(run_streams(pipes[n], 1, args.frames))
             runs[n][-1]["floor_ratio"] = round(runs[n][-1]["decode_step_ms"] / floors[-1], 3)
         print(f"round {r + 1}: floor {floors[-1]:.0f} ms  " + "  ".join(
             f"{n} {runs[n][-1]['decode_step_ms']:.0f} ms (x{runs[n][-1]['floor_ratio']:.2f})" for n in names), flush=True)
@@ -375,7 +416,7 @@ def _headline(results: dict) -> dict:
         if name == "meta" or not isinstance(r, dict) or "single" not in r:
             continue
         one, many = r["single"], r.get("concurrent") or {}
-        out[name] = {"step_ms": one.get("decode_step_ms"), "predictor_ms": one.get("predictor_ms"),
+        out[name] = {"gemv": r.get("gemv"), "step_ms": one.get("decode_step_ms"), "predictor_ms": one.get("predictor_ms"),
                      "overhead_pct": one.get("overhead_pct"), "code2wav_ms_per_frame": one.get("code2wav_ms_per_frame"),
                      "ttfa_ms": one.get("ttfa_ms"), "rtf": one.get("rtf"), "floor_ms": r.get("floor_ms"),
                      "conc_speedup": r.get("concurrent_speedup"), "steady_speedup": r.get("steady_speedup"),

@@ -145,6 +145,28 @@ def test_instruct_on_small_custom_voice_warns(tiny_pipe):
     np.testing.assert_array_equal(r.codes, _gen(tiny_pipe, max_new_tokens=3).codes)
 
 
+def test_deployment_names_the_decode_linear_kernel(tiny_pipe):
+    from omnilab.kernels import gemv_choice
+
+    dep = tiny_pipe.deployment
+    assert dep.gemv == gemv_choice()
+    rows = dict(dep.rows())
+    assert rows["decode linears"].startswith(dep.gemv.label) and dep.gemv.reason in rows["decode linears"]
+
+
+def test_bad_gemv_mode_fails_at_load(tiny_ckpt, monkeypatch):
+    from omnilab.kernels import gemv
+
+    monkeypatch.setenv(gemv.ENV, "fast")
+    gemv.reset()
+    try:
+        with pytest.raises(ValueError, match="OMNILAB_CPU_GEMV='fast' is not a GEMV mode; accepted: auto"):
+            Pipeline.from_pretrained(tiny_ckpt(), backend="eager", dtype="float32")
+    finally:
+        monkeypatch.delenv(gemv.ENV)
+        gemv.reset()
+
+
 def test_device_and_backend_errors(tiny_ckpt):
     with pytest.raises(UnsupportedError, match="'cpu'"):
         Pipeline.from_pretrained(tiny_ckpt(), device="cuda")

@@ -87,30 +87,60 @@ def main(argv=None):
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--pages", default="huge", help="comma-separated: huge (streamed weights in a huge-page "
+                    "arena), 4k (torch's allocations); several build one model each, alternated like --gemv")
+    ap.add_argument("--gemv", default="auto", help="comma-separated OMNILAB_CPU_GEMV modes, alternated in each "
+                    "repeat (side by side on one model): e.g. auto,omnilab-avx2,torch")
     a = ap.parse_args(argv)
+    from omnilab.kernels import use_gemv
+    from omnilab.kernels.gemv import MODES
+    modes = a.gemv.split(",")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"--gemv {','.join(bad)}: not a GEMV mode; accepted: {', '.join(MODES)}")
     torch.set_num_threads(a.threads)
     torch.set_flush_denormal(True)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     t0 = time.perf_counter()
-    cfg, t = build(a.size, dtype)
+    pages = a.pages.split(",")
+    if set(pages) - {"huge", "4k"}:
+        ap.error(f"--pages {a.pages}: accepted: huge, 4k")
+    models = {}
+    for pg in pages:  # same seed: identical weights, placed differently
+        cfg, models[pg] = build(a.size, dtype)
+        if pg == "huge":
+            from omnilab.kernels.hugepages import pack
+            pack(models[pg])
+    t = models[pages[0]]
     build_s = time.perf_counter() - t0
     tb, pb = weight_bytes(t)
     print(f"built {a.size} {a.dtype} in {build_s:.1f}s; talker step weights {tb / 1e9:.3f} GB, "
           f"predictor 15 x {pb / 1e9:.3f} GB = {15 * pb / 1e9:.3f} GB")
     results = []
     for _ in range(a.repeats):
-        for b in (int(x) for x in a.batch.split(",")):
+        for b, mode, pg in ((int(x), m, pg) for x in a.batch.split(",") for m in modes for pg in pages):
             with torch.inference_mode():
                 floor_t, floor_p = gemv_floor_ms(t)
-            r = run(cfg, t, b, a.frames)
-            r.update(gemv_floor_talker_ms=round(floor_t, 1), gemv_floor_predictor_ms=round(floor_p, 1))
+            with use_gemv(mode) as choice:
+                r = run(cfg, models[pg], b, a.frames)
+            r.update(gemv=choice.label, gemv_mode=mode, pages=pg, variant=f"{mode}/{pg}", gemv_floor_talker_ms=round(floor_t, 1), gemv_floor_predictor_ms=round(floor_p, 1))
             results.append(r)
-            print(f"batch {b}: step {r['wall_ms']:8.1f} ms | talker {r['talker_ms']:7.1f} | predictor "
+            print(f"batch {b} [{choice.label}, {pg} pages]: step {r['wall_ms']:8.1f} ms | talker {r['talker_ms']:7.1f} | predictor "
                   f"{r['predictor_ms']:7.1f} | prep {r['prep_ms']:5.2f} | sampling {r['sampling_ms']:5.2f} | "
                   f"per request {r['frame_ms_per_request']:7.1f} ms/frame | bare-GEMV floor talker "
                   f"{floor_t:.1f} / predictor {floor_p:.1f} ms")
+    ratios = {}
+    variants = [f"{m}/{pg}" for m in modes for pg in pages]
+    if len(variants) > 1:  # per batch: median step of each variant over the repeats, and its ratio to the first
+        print("\nbatch  " + "".join(f"{v:>22}" for v in variants))
+        for b in dict.fromkeys(r["batch"] for r in results):
+            med = [statistics.median(r["wall_ms"] for r in results if r["batch"] == b and r["variant"] == v)
+                   for v in variants]
+            ratios[b] = {v: round(x / med[0], 3) for v, x in zip(variants, med)}
+            print(f"{b:<7}" + "".join(f"{x:>12.1f} ms x{x / med[0]:.2f}" for x in med))
     print(json.dumps(dict(size=a.size, dtype=a.dtype, threads=a.threads, talker_gb=round(tb / 1e9, 4),
-                          predictor_gb_per_frame=round(15 * pb / 1e9, 4), results=results)))
+                          predictor_gb_per_frame=round(15 * pb / 1e9, 4), step_ratio_to_first_variant=ratios,
+                          results=results)))
 
 
 if __name__ == "__main__":

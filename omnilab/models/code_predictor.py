@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnilab.config import NUM_CODE_GROUPS, Qwen3TTSConfig
+from omnilab.kernels import linear
 from omnilab.models.decoder import DecoderLayer, KVCache, RopeTable, run_stack
-from omnilab.models.layers import RMSNorm
+from omnilab.models.layers import Linear, RMSNorm
 from omnilab.sampling import Warp, sample_rows
 
 NUM_PREDICTED = NUM_CODE_GROUPS - 1  # 15 codes per frame come from the predictor
@@ -45,10 +46,10 @@ class CodePredictor(nn.Module):
         pc = cfg.code_predictor
         self.cfg = cfg
         self.model = CodePredictorModel(cfg)
-        self.lm_head = nn.ModuleList(nn.Linear(pc.hidden_size, pc.vocab_size, bias=False)
+        self.lm_head = nn.ModuleList(Linear(pc.hidden_size, pc.vocab_size, bias=False)
                                      for _ in range(NUM_PREDICTED))
         if cfg.has_mtp_projection:
-            self.small_to_mtp_projection = nn.Linear(cfg.talker.hidden_size, pc.hidden_size, bias=True)
+            self.small_to_mtp_projection = Linear(cfg.talker.hidden_size, pc.hidden_size, bias=True)
         else:
             self.small_to_mtp_projection = nn.Identity()
         self.rope = RopeTable(pc.head_dim, pc.rope_theta)
@@ -99,12 +100,12 @@ class CodePredictor(nn.Module):
 
         x = proj(torch.stack([h, c0_embed], dim=1))  # [B, 2, Hc]
         hidden = run_stack(layers, norm, self.rope, x, cache)
-        logits = F.linear(hidden, heads[0])[:, -1]  # both positions, like HF generate (same rounding)
+        logits = linear(hidden, heads[0])[:, -1]  # both positions, like HF generate (same rounding)
         for j in range(NUM_PREDICTED):
             if j > 0:
                 x = proj(F.embedding(codes[:, j - 1:j], tables[j - 1]))  # [B, 1, Hc]
                 hidden = run_stack(layers, norm, self.rope, x, cache)
-                logits = F.linear(hidden[:, -1], heads[j])
+                logits = linear(hidden[:, -1], heads[j])
             if all_logits is not None:
                 all_logits.append(logits.float())
             t0 = time.perf_counter()

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnilab.config import DecoderLMConfig
-from omnilab.models.layers import RMSNorm, SwiGLU
+from omnilab.kernels import linear
+from omnilab.models.layers import Linear, RMSNorm, SwiGLU
 
 
 class KVCache:
@@ -151,10 +152,10 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
         self.scale = d ** -0.5
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.q_proj = Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = Linear(self.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
 
@@ -175,9 +176,9 @@ class Attention(nn.Module):
         exactly the reference's operations, in fewer kernel launches."""
         b, t, _ = x.shape
         hq, d = self.num_heads, self.head_dim
-        q = F.linear(x, self.q_proj.weight, self.q_proj.bias).view(b, t, hq, d)
-        k = F.linear(x, self.k_proj.weight, self.k_proj.bias).view(b, t, self.num_kv_heads, d)
-        v = F.linear(x, self.v_proj.weight, self.v_proj.bias).view(b, t, -1, d).transpose(1, 2)
+        q = linear(x, self.q_proj.weight, self.q_proj.bias).view(b, t, hq, d)
+        k = linear(x, self.k_proj.weight, self.k_proj.bias).view(b, t, self.num_kv_heads, d)
+        v = linear(x, self.v_proj.weight, self.v_proj.bias).view(b, t, -1, d).transpose(1, 2)
         qk = rms_norm(torch.cat([q, k], dim=2), self._qk_weight(), self.q_norm.eps)  # [B, T, Hq+Hkv, D]
         qk = qk * cos[:, :, None] + torch.roll(qk, d // 2, dims=-1) * sin_signed[:, :, None]
         q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)  # [B, heads, T, D]
@@ -195,7 +196,7 @@ class Attention(nn.Module):
                 rows.append(self._sdpa(q[i:i + 1], k_all, v_all, start))
             out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
         out = out.transpose(1, 2).reshape(b, t, -1)  # [B, T, Hq*D]
-        return F.linear(out, self.o_proj.weight, self.o_proj.bias)
+        return linear(out, self.o_proj.weight, self.o_proj.bias)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         t, s = q.shape[2], k.shape[2]
@@ -223,8 +224,8 @@ class DecoderLayer(nn.Module):
         ln1, ln2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
         x = x + self.self_attn.forward(rms_norm(x, ln1.weight, ln1.eps), cos, sin_signed, layer, caches)
         h = rms_norm(x, ln2.weight, ln2.eps)
-        gate = F.silu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
-        return x + F.linear(gate * F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias),
+        gate = F.silu(linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
+        return x + linear(gate * linear(h, mlp.up_proj.weight, mlp.up_proj.bias),
                             mlp.down_proj.weight, mlp.down_proj.bias)
 
 

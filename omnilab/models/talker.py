@@ -21,7 +21,7 @@ from torch import nn
 from omnilab.config import Qwen3TTSConfig
 from omnilab.models.code_predictor import CodePredictor
 from omnilab.models.decoder import DecoderLayer, KVCache, RopeTable, run_stack
-from omnilab.models.layers import RMSNorm
+from omnilab.models.layers import Linear, RMSNorm
 
 
 class TextProjection(nn.Module):
@@ -57,7 +57,7 @@ class Talker(nn.Module):
         self.cfg = cfg
         self.model = TalkerModel(cfg)
         self.text_projection = TextProjection(tc.text_hidden_size, tc.hidden_size)
-        self.codec_head = nn.Linear(tc.hidden_size, tc.vocab_size, bias=False)
+        self.codec_head = Linear(tc.hidden_size, tc.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
         # M-RoPE with identical t/h/w positions == 1-D RoPE (design note §3.4).
         self.rope = RopeTable(tc.head_dim, tc.rope_theta)

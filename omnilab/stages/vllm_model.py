@@ -32,6 +32,7 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from omnilab.config import Qwen3TTSConfig
+from omnilab.kernels import gemv_choice
 from omnilab.models.layers import rotate_half
 from omnilab.models.talker import Talker
 from omnilab.stages.vllm_config import padded_head_size
@@ -160,6 +161,7 @@ class OmnilabTalkerForVLLM(nn.Module):
         self.talker.load_state_dict(state, strict=True, assign=True)
         self.talker.requires_grad_(False).eval()
         self.stack.prepare_rope(self.dtype)
+        gemv_choice()  # resolve (and build) the decode-linear kernel at load, not in the first step
         return {n for n, _ in self.named_parameters()}
 
     # ---- omnilab loading ---------------------------------------------------------------------------
@@ -173,6 +175,7 @@ class OmnilabTalkerForVLLM(nn.Module):
         if source == "disk":
             release_memory()  # the file's bf16 copies read while casting
         self.stack.prepare_rope(self.dtype)
+        gemv_choice()
         return source
 
 

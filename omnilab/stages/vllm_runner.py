@@ -32,6 +32,7 @@ import torch
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
+from omnilab.kernels import gemv_choice
 from omnilab.models.prompt import Prompt, build_prompt
 from omnilab.sampling import SamplingParams, sample_rows, talker_scores
 from omnilab.stages import vllm_payload
@@ -297,4 +298,5 @@ class TalkerCPUModelRunner(CPUModelRunner):
         return {"states": sorted(self.tts_states), "vllm_requests": sorted(self.requests),
                 "step": self.tts_step, "recomputed_frames": self.tts_recomputed_frames,
                 "resumed": self.tts_resumed, "partial_prefills": self.tts_partial_prefills,
-                "predictor_per_row": self.predictor_per_row, "compile_predictor": self.compile_predictor}
+                "predictor_per_row": self.predictor_per_row, "compile_predictor": self.compile_predictor,
+                "gemv": gemv_choice().label}

@@ -72,10 +72,11 @@ def _read_tensor(entry) -> torch.Tensor:
 
 
 def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: torch.dtype,
-                  keep_bf16: tuple[str, ...] = ()) -> nn.Module:
+                  keep_bf16: tuple[str, ...] = (), streamed: Callable[[str], bool] | None = None) -> nn.Module:
     """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``files``
     (strict names and shapes; ``CheckpointError`` otherwise), one tensor at a time with plain file reads.
-    Floating tensors are cast to ``dtype``, except those named in ``keep_bf16`` when stored as bf16."""
+    Floating tensors are cast to ``dtype``, except those named in ``keep_bf16`` when stored as bf16; the
+    matrices ``streamed`` selects go to one huge-page arena (``module.weight_arena``)."""
     from omnilab.errors import CheckpointError
     from omnilab.loading import meta_init
 
@@ -88,15 +89,22 @@ def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: t
         missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
         raise CheckpointError(f"{files[0]}: {prefix}* tensors do not match the config (missing {missing[:5]}, "
                               f"unexpected {extra[:5]})")
+    from omnilab.kernels.hugepages import plan_arena
+
+    arena, in_arena = plan_arena(expected, dtype, streamed)
     state = {}
     for k, shape in expected.items():
         entry = index[prefix + k]
         if entry[2] != shape:
             raise CheckpointError(f"{entry[0]}: {prefix}{k} has shape {entry[2]}, config says {shape}")
         t = _read_tensor(entry)
+        if k in in_arena:  # cast while copying into the arena (no fp32 temporary)
+            state[k] = arena.put(t, dtype)
+            continue
         keep = k in keep_bf16 and t.dtype == torch.bfloat16
         state[k] = t if keep or not t.is_floating_point() or t.dtype == dtype else t.to(dtype)
     module.load_state_dict(state, strict=True, assign=True)
+    module.weight_arena = arena
     return module.requires_grad_(False).eval()
 
 
@@ -113,8 +121,10 @@ def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: torch.dt
         raise CheckpointError(f"{checkpoint}: no model.safetensors")
     tables = ["model.text_embedding.weight", "model.codec_embedding.weight"] + [
         f"code_predictor.model.codec_embedding.{q}.weight" for q in range(cfg.talker.num_code_groups - 1)]
+    from omnilab.loading import streamed_selector
+
     talker = load_prefixed(lambda: Talker(cfg), files, "talker.", dtype,
-                           keep_bf16=tuple(tables) if dtype == torch.float32 else ())
+                           keep_bf16=tuple(tables) if dtype == torch.float32 else (), streamed=streamed_selector())
     for emb in talker.modules():
         if isinstance(emb, nn.Embedding) and emb.weight.dtype != dtype:
             emb.__class__ = _UpcastEmbedding

@@ -85,3 +85,24 @@ def test_timings_are_reported():
     timings = {}
     t.code_predictor.generate(h, c0e, SAMPLE, [torch.Generator().manual_seed(0)], timings)
     assert timings["sampling_ms"] > 0
+
+
+def test_batched_rows_use_the_gemv_kernel_and_do_not_depend_on_batch_mates(monkeypatch):
+    """4 decoding rows run omnilab's GEMV kernel in every pass (the first pass has 2 positions per row: 8
+    rows); a row's logits are then bitwise the same whoever its batch mates are."""
+    from omnilab.kernels import gemv
+
+    if gemv.gemv_choice().mode != "omnilab":
+        pytest.skip(f"kernel not in use here: {gemv.gemv_choice().reason}")
+    _, t = make(96)  # with the talker->predictor projection
+    cp = t.code_predictor
+    h, c0e = inputs(t, 5)
+    rows = []
+    real = gemv._call
+    monkeypatch.setattr(gemv, "_call", lambda *a: rows.append(a[-1]) or real(*a))
+    codes_a, logits_a = cp.generate(h[:4], c0e[:4], GREEDY, return_logits=True)
+    assert rows and set(rows) == {4, 8}
+    other = [0, 1, 2, 4]  # same first three rows, another fourth
+    codes_b, logits_b = cp.generate(h[other], c0e[other], GREEDY, return_logits=True)
+    assert torch.equal(logits_a[:3], logits_b[:3]) and torch.equal(codes_a[:3], codes_b[:3])
+    assert not torch.equal(logits_a[3], logits_b[3])

@@ -1,0 +1,12 @@
+"""omnilab's CPU kernels (C++ compiled once per machine, loaded with ctypes).
+
+- :func:`linear`: ``F.linear`` for the decoder stacks; 4..8 fp32 rows run omnilab's small-batch GEMV
+  (weights streamed once for all rows), everything else torch. :func:`gemv_choice` says which and why;
+  ``OMNILAB_CPU_GEMV=auto|omnilab|omnilab-avx512|omnilab-avx2|torch`` overrides; ``with use_gemv(mode):``
+  switches it for a block (side-by-side timing on one loaded model).
+"""
+from omnilab.kernels.build import KernelBuildError, build_library, select_isa
+from omnilab.kernels.gemv import MODES, GemvChoice, gemv_choice, gemv_rows, linear, use_gemv
+
+__all__ = ["GemvChoice", "KernelBuildError", "MODES", "build_library", "gemv_choice", "gemv_rows", "linear",
+           "select_isa", "use_gemv"]

@@ -1,0 +1,89 @@
+"""Compile omnilab's C++ kernels once per machine kind and cache the shared library.
+
+``build_library(isa)`` compiles ``<name>.cpp`` next to this file with the system C++ compiler (``$CXX``,
+else ``g++``, else ``c++``) into ``$OMNILAB_CACHE/kernels/<name>-<isa>-<hash>.so``; the hash covers the
+source, the flags and the compiler's version line, so an edited source or another compiler gets a new
+file. A file lock makes concurrent first uses (a notebook and vLLM's worker processes) build it once.
+Plain Python + subprocess: no torch extension machinery (a build takes about a second).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
+COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
+
+
+class KernelBuildError(RuntimeError):
+    """The compiler is missing or failed; the message names the command and its output."""
+
+
+def select_isa(flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
+    """``(isa, reason)`` for the CPU flags: avx512 with ``avx512f``, avx2 with ``avx2`` + ``fma``, else None."""
+    if "avx512f" in flags:
+        return "avx512", "CPU has avx512f (16-lane fp32 FMA)"
+    if {"avx2", "fma"} <= set(flags):
+        return "avx2", "CPU has avx2 + fma (8-lane fp32 FMA), no avx512f"
+    return None, "CPU has neither avx512f nor avx2 + fma"
+
+
+def find_compiler() -> str | None:
+    """``$CXX`` if set (must exist), else the first of g++ / c++ on PATH."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx)
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise KernelBuildError(f"cannot run the C++ compiler {cxx!r}: {e}") from e
+    return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else cxx
+
+
+def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Path:
+    """Where the library for this source, ISA and compiler lives (whether built or not)."""
+    from omnilab.checkpoints import cache_dir
+
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"unknown ISA {isa!r}; accepted: {', '.join(ISA_FLAGS)}")
+    src = (SOURCE_DIR / f"{name}.cpp").read_bytes()
+    flags = COMMON_FLAGS + ISA_FLAGS[isa]
+    digest = hashlib.sha256(src + " ".join(flags).encode() + _compiler_version(cxx).encode()).hexdigest()[:12]
+    return (cache or cache_dir() / "kernels") / f"{name}-{isa}-{digest}.so"
+
+
+def build_library(name: str, isa: str, *, cxx: str | None = None, cache: Path | None = None) -> Path:
+    """Return the path of the compiled ``name`` kernels for ``isa``, compiling them if not cached."""
+    from omnilab.checkpoints import file_lock
+
+    cxx = cxx or find_compiler()
+    if cxx is None:
+        wanted = os.environ.get("CXX") or "g++ or c++"
+        raise KernelBuildError(f"no C++ compiler found ({wanted} on PATH); install g++ or set CXX")
+    out = library_path(name, isa, cxx, cache)
+    if out.is_file():
+        return out
+    with file_lock(out.parent / ".lock"):
+        if out.is_file():  # another process built it while we waited
+            return out
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], str(SOURCE_DIR / f"{name}.cpp"), "-o", tmp]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if res.returncode != 0:
+                raise KernelBuildError(f"compiling {name}.cpp failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out

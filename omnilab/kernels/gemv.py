@@ -1,0 +1,193 @@
+"""Small-batch fp32 linear layers: omnilab's GEMV kernel for 4..8 rows, torch (MKL) otherwise.
+
+Why: decode reads every weight once per step, so a linear over B decoding rows should cost about what one
+row costs. MKL's fp32 GEMM does so for 1-3 rows but reads the weights at about half its 1-row bandwidth
+from 4 rows on (measured here on the code predictor's matrices, 2 threads: 1 row 22-29 GB/s, 4 rows
+11-15 GB/s, 8 rows 9-11 GB/s), so 4 concurrent streams cost ~2x one stream in every linear. The kernel in
+``gemv.cpp`` streams the weights once for all rows (4 rows: 18-25 GB/s). Below 4 rows torch is as fast
+and keeps the numerics of the reference implementation (single-stream codes stay identical to
+qwen-tts); above 8 rows (prefill) the GEMM is compute bound and MKL's.
+
+Choice, resolved once per process (:func:`gemv_choice`), with a reason; ``OMNILAB_CPU_GEMV`` overrides:
+
+- ``auto`` (default): the kernel for the CPU's widest ISA (avx512 or avx2 + fma) if a C++ compiler builds
+  it; otherwise torch everywhere, with a warning that says why;
+- ``omnilab`` / ``omnilab-avx512`` / ``omnilab-avx2``: the kernel (that ISA), or an error if it cannot be
+  built or the CPU lacks the ISA;
+- ``torch``: ``F.linear`` everywhere.
+
+:func:`linear` is the drop-in for ``F.linear`` used by the decoder stacks; it takes the kernel only for
+fp32 CPU inputs with 4..8 rows outside autograd and outside torch.compile tracing.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from omnilab.kernels.build import KernelBuildError, build_library, select_isa
+
+ENV = "OMNILAB_CPU_GEMV"
+MODES = ("auto", "omnilab", "omnilab-avx512", "omnilab-avx2", "torch")
+MIN_ROWS, MAX_ROWS = 4, 8  # rows (tokens) per call that take the kernel; see the module docstring
+
+
+@dataclass(frozen=True)
+class GemvChoice:
+    """Which implementation :func:`linear` uses for ``min_rows..max_rows`` rows, and why."""
+
+    mode: str                 # "omnilab" | "torch"
+    isa: str | None           # "avx512" | "avx2" | None
+    library: str | None       # path of the compiled kernels
+    reason: str
+    source: str               # "auto" | "env" | "argument" (use_gemv)
+    min_rows: int = MIN_ROWS
+    max_rows: int = MAX_ROWS
+
+    @property
+    def label(self) -> str:
+        return f"omnilab-{self.isa} for {self.min_rows}-{self.max_rows} rows" if self.mode == "omnilab" else "torch"
+
+    def __repr__(self) -> str:
+        return f"GemvChoice({self.label!r}, source={self.source!r})"
+
+
+class _Lib:
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path))
+        fn = self.lib.omnilab_gemv_f32
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self.fn = fn
+        self.lib.omnilab_gemv_isa.restype = ctypes.c_char_p
+        self.isa = self.lib.omnilab_gemv_isa().decode()
+        self.max_rows = int(self.lib.omnilab_gemv_max_rows())
+
+
+_CHOICE: GemvChoice | None = None
+_LIB: _Lib | None = None
+
+
+def _cpu_flags() -> frozenset[str]:
+    from omnilab.hardware import _cpu_flags as flags
+    return flags()
+
+
+def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[GemvChoice, _Lib | None]:
+    """Decide (and build) without installing the result; :func:`gemv_choice` caches it per process."""
+    raw = (os.environ.get(ENV, "") if env is None else env).strip().lower() or "auto"
+    if raw not in MODES:
+        raise ValueError(f"{ENV}={raw!r} is not a GEMV mode; accepted: {', '.join(MODES)}")
+    source = "auto" if raw == "auto" else "env"
+    if raw == "torch":
+        return GemvChoice("torch", None, None, f"{ENV}=torch", source), None
+    isa, isa_reason = select_isa(_cpu_flags() if flags is None else flags)
+    if raw in ("omnilab-avx512", "omnilab-avx2"):
+        wanted = raw.split("-", 1)[1]
+        if isa is None or (wanted == "avx512" and isa != "avx512"):
+            raise RuntimeError(f"{ENV}={raw} needs a CPU with {wanted}; {isa_reason}")
+        isa, isa_reason = wanted, f"{ENV}={raw}"
+    elif isa is None:
+        if raw == "omnilab":
+            raise RuntimeError(f"{ENV}=omnilab: the kernel needs avx512f or avx2 + fma; {isa_reason}")
+        return GemvChoice("torch", None, None, f"{isa_reason}: torch (MKL) for every row count", source), None
+    try:
+        lib = _Lib(build_library("gemv", isa))
+    except (KernelBuildError, OSError) as e:
+        if raw != "auto":
+            raise RuntimeError(f"{ENV}={raw}: {e}") from e
+        reason = (f"omnilab GEMV kernel unavailable ({e}); torch (MKL) for every row count: 4-8 rows read "
+                  f"weights at about half the 1-row bandwidth")
+        warnings.warn(reason, RuntimeWarning, stacklevel=3)
+        return GemvChoice("torch", None, None, reason, source), None
+    reason = (f"{isa_reason}; {MIN_ROWS}-{MAX_ROWS} rows stream the weights once (MKL reads them at ~half "
+              f"bandwidth there), 1-{MIN_ROWS - 1} rows and prefill stay on torch (MKL)")
+    if source == "env":
+        reason = f"{ENV}={raw}: {reason}"
+    return GemvChoice("omnilab", lib.isa, str(lib.lib._name), reason, source, MIN_ROWS,
+                      min(MAX_ROWS, lib.max_rows)), lib
+
+
+def gemv_choice() -> GemvChoice:
+    """The process's GEMV choice (resolved, and the kernel built, on first use)."""
+    global _CHOICE, _LIB
+    if _CHOICE is None:
+        _CHOICE, _LIB = resolve()
+    return _CHOICE
+
+
+def reset() -> None:
+    """Forget the choice (tests; a changed ``OMNILAB_CPU_GEMV`` takes effect on the next call)."""
+    global _CHOICE, _LIB
+    _CHOICE, _LIB = None, None
+
+
+@contextlib.contextmanager
+def use_gemv(mode: str):
+    """Within the block, this process's :func:`linear` uses ``mode`` (one of :data:`MODES`), e.g. to time
+    ``"torch"`` against ``"omnilab"`` on one loaded model. Not for worker processes (set the environment
+    variable before they start) and not thread-safe against concurrent model calls."""
+    global _CHOICE, _LIB
+    saved = (_CHOICE, _LIB)
+    choice, lib = resolve(env=mode)
+    _CHOICE, _LIB = dataclasses.replace(choice, source="argument"), lib
+    try:
+        yield _CHOICE
+    finally:
+        _CHOICE, _LIB = saved
+
+
+def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              lib: _Lib | None = None) -> torch.Tensor:
+    """The kernel itself: ``x`` [..., K] fp32 (1..8 rows) @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [..., N].
+
+    No dispatch: raises if the kernel is not available or the inputs do not fit it."""
+    lib = lib or _LIB or (gemv_choice() and _LIB)
+    if lib is None:
+        raise RuntimeError(f"omnilab GEMV kernel not in use: {gemv_choice().reason}")
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if not 1 <= rows <= lib.max_rows:
+        raise ValueError(f"gemv_rows takes 1..{lib.max_rows} rows, got {rows}")
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+        raise TypeError(f"gemv_rows takes float32 tensors, got {x.dtype} x {weight.dtype}")
+    if weight.dim() != 2 or weight.shape[1] != k or (bias is not None and bias.shape != (weight.shape[0],)):
+        raise ValueError(f"shapes do not fit: x {tuple(x.shape)}, weight {tuple(weight.shape)}, "
+                         f"bias {None if bias is None else tuple(bias.shape)}")
+    return _call(lib, x, weight, bias, rows)
+
+
+def _call(lib: _Lib, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    n, k = weight.shape
+    x2 = x.reshape(rows, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    b = None if bias is None else bias.contiguous()
+    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    lib.fn(x2.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), rows, n, k,
+           torch.get_num_threads())
+    return y
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` with the kernel for fp32 CPU inputs of 4..8 rows (see the module docstring)."""
+    if torch.compiler.is_compiling():
+        return F.linear(x, weight, bias)
+    lib = _LIB if _CHOICE is not None else (gemv_choice() and _LIB)
+    if lib is None:
+        return F.linear(x, weight, bias)
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (rows < MIN_ROWS or rows > MAX_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or x.device.type != "cpu" or weight.device.type != "cpu"
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    return _call(lib, x, weight, bias, rows)

@@ -1,0 +1,167 @@
+"""omnilab's small-batch GEMV kernel: numerics, batch invariance, dispatch rules, the choice and its errors."""
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from omnilab.kernels import build, gemv
+from omnilab.kernels.build import build_library, select_isa
+
+FLAGS = gemv._cpu_flags()
+ISAS = [i for i, need in (("avx512", {"avx512f"}), ("avx2", {"avx2", "fma"})) if need <= FLAGS]
+if not ISAS:
+    pytest.skip("CPU has neither avx512f nor avx2 + fma: the kernel does not apply here", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def lib(request):
+    return gemv._Lib(build_library("gemv", request.param))
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch):
+    """Each test resolves the choice anew and leaves no choice behind."""
+    monkeypatch.delenv(gemv.ENV, raising=False)
+    gemv.reset()
+    yield monkeypatch
+    gemv.reset()
+
+
+def _data(rows, n, k, bias, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    b = torch.randn(n, generator=g) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("n,k", [(1024, 1024), (37, 70), (3, 5), (2050, 24)])  # tails in N and in K
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_equals_f_linear(lib, rows, n, k, bias):
+    x, w, b = _data(rows, n, k, bias)
+    torch.testing.assert_close(gemv.gemv_rows(x, w, b, lib=lib), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_do_not_depend_on_batch_or_threads(lib):
+    """A row's result is bitwise the same alone, among 1..8 rows, and with 1 or 2 threads."""
+    x, w, _ = _data(8, 3072, 1024, False)
+    alone = torch.cat([gemv.gemv_rows(x[i:i + 1], w, lib=lib) for i in range(8)])
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            for m in range(1, 9):
+                assert torch.equal(gemv.gemv_rows(x[:m], w, lib=lib), alone[:m]), (m, nt)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_input_layouts(lib):
+    """3-D inputs, strided inputs (a slice of a sequence) and a non-contiguous weight give F.linear's answer."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 64, generator=g)
+    w = torch.randn(64, 48, generator=g).t()  # [48, 64], non-contiguous
+    torch.testing.assert_close(gemv.gemv_rows(x, w, lib=lib), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    seq = torch.randn(4, 5, 64, generator=g)
+    torch.testing.assert_close(gemv.gemv_rows(seq[:, -1], w, lib=lib), F.linear(seq[:, -1], w), rtol=1e-5, atol=1e-5)
+
+
+def test_gemv_rows_rejects_what_it_cannot_do(lib):
+    w = torch.randn(16, 32)
+    with pytest.raises(ValueError, match="1..8 rows, got 9"):
+        gemv.gemv_rows(torch.randn(9, 32), w, lib=lib)
+    with pytest.raises(TypeError, match="float32"):
+        gemv.gemv_rows(torch.randn(2, 32, dtype=torch.bfloat16), w.bfloat16(), lib=lib)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        gemv.gemv_rows(torch.randn(2, 31), w, lib=lib)
+
+
+def test_linear_dispatch_by_rows_dtype_and_autograd(fresh_choice):
+    choice = gemv.gemv_choice()
+    assert choice.mode == "omnilab" and (choice.min_rows, choice.max_rows) == (4, 8)
+    w = torch.randn(96, 64)
+    xs = [torch.randn(rows, 64) for rows in range(1, 12)]
+    kernel = [gemv.gemv_rows(x, w) if len(x) <= 8 else None for x in xs]
+    calls = []
+    real = gemv._call
+    fresh_choice.setattr(gemv, "_call", lambda *a: calls.append(a[-1]) or real(*a))
+    for x, ref in zip(xs, kernel):
+        got = gemv.linear(x, w)
+        if 4 <= len(x) <= 8:
+            assert torch.equal(got, ref)
+        else:  # torch's own result, bit for bit (single-stream numerics stay the reference's)
+            assert torch.equal(got, F.linear(x, w))
+    assert calls == [4, 5, 6, 7, 8]
+    gemv.linear(torch.randn(4, 64, dtype=torch.bfloat16), w.bfloat16())
+    wg = torch.randn(96, 64, requires_grad=True)
+    gemv.linear(torch.randn(4, 64), wg).sum().backward()  # autograd goes through torch
+    assert wg.grad is not None and calls == [4, 5, 6, 7, 8]
+
+
+def test_env_torch_and_use_gemv(fresh_choice):
+    fresh_choice.setenv(gemv.ENV, "torch")
+    c = gemv.gemv_choice()
+    assert c.mode == "torch" and c.source == "env" and gemv.ENV in c.reason
+    x, w, _ = _data(4, 256, 128, False)
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+    with gemv.use_gemv("omnilab") as inside:
+        assert inside.mode == "omnilab" and inside.source == "argument"
+        assert torch.equal(gemv.linear(x, w), gemv.gemv_rows(x, w, lib=gemv._LIB))
+    assert gemv.gemv_choice() is c
+
+
+def test_bad_mode_names_accepted_values(fresh_choice):
+    fresh_choice.setenv(gemv.ENV, "mkl")
+    with pytest.raises(ValueError, match="OMNILAB_CPU_GEMV='mkl'.*auto, omnilab, omnilab-avx512, omnilab-avx2, torch"):
+        gemv.gemv_choice()
+
+
+def test_missing_compiler(fresh_choice, tmp_path):
+    """auto: torch with a warning that says why; an explicit omnilab mode: an error naming the compiler."""
+    fresh_choice.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    fresh_choice.setenv("OMNILAB_CACHE", str(tmp_path))
+    with pytest.warns(RuntimeWarning, match=re.escape("no C++ compiler found")):
+        c = gemv.gemv_choice()
+    assert c.mode == "torch" and "no C++ compiler" in c.reason
+    x, w, _ = _data(4, 64, 32, False)
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+    gemv.reset()
+    fresh_choice.setenv(gemv.ENV, "omnilab")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler found .*no-such-compiler"):
+        gemv.gemv_choice()
+
+
+def test_isa_rules():
+    assert select_isa({"avx512f", "avx2", "fma"})[0] == "avx512"
+    assert select_isa({"avx2", "fma"})[0] == "avx2"
+    isa, reason = select_isa({"sse4_2"})
+    assert isa is None and "neither" in reason
+    with pytest.raises(RuntimeError, match="needs a CPU with avx512"):
+        gemv.resolve(env="omnilab-avx512", flags=frozenset({"avx2", "fma"}))
+    with pytest.raises(RuntimeError, match="needs avx512f or avx2"):
+        gemv.resolve(env="omnilab", flags=frozenset({"sse4_2"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c, lib = gemv.resolve(env="auto", flags=frozenset({"sse4_2"}))
+    assert c.mode == "torch" and lib is None and "neither" in c.reason
+
+
+def test_build_is_cached_per_source_and_compiler(tmp_path):
+    a = build_library("gemv", ISAS[-1], cache=tmp_path)
+    mtime = a.stat().st_mtime_ns
+    assert build_library("gemv", ISAS[-1], cache=tmp_path) == a and a.stat().st_mtime_ns == mtime
+    assert a.name.startswith(f"gemv-{ISAS[-1]}-") and a.suffix == ".so"
+    with pytest.raises(ValueError, match="unknown ISA 'sse'; accepted: avx512, avx2"):
+        build.library_path("gemv", "sse", "g++")
+
+
+def test_one_openmp_runtime_in_the_process(lib):
+    """The kernel's OpenMP calls go to the runtime torch loaded (same soname), not a second thread pool."""
+    maps = open("/proc/self/maps").read().split("\n")
+    omp = {line.split()[-1] for line in maps if ("libgomp" in line or "libiomp" in line) and "/" in line}
+    assert len(omp) == 1, omp
