@@ -37,6 +37,7 @@ from torch import nn
 
 from omnilab.config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from omnilab.errors import CheckpointError, ConfigError
+from omnilab.tensor_index import TensorIndex
 from omnilab.tokenizer import TextTokenizer
 
 __all__ = ["LoadedModel", "load_model", "resolve_checkpoint", "validate_checkpoint_dir", "resolve_dtype",
@@ -238,62 +239,6 @@ def meta_init():
         nn.Module.register_parameter = original
         for name, fn in saved.items():
             setattr(nn.init, name, fn)
-
-
-_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool}
-
-
-class TensorIndex:
-    """Tensor name -> (file, dtype, shape, offsets) over safetensors files, read one tensor at a time.
-
-    A tensor already in the wanted dtype is returned memory-mapped (zero copy, shared page cache);
-    one that needs a cast is read with plain file reads and cast, so no mapping of the whole file
-    stays resident next to the converted copy.
-    """
-
-    def __init__(self, files: list[Path]):
-        self.where: dict[str, tuple[Path, dict, int]] = {}
-        self._mapped: dict[Path, Any] = {}
-        for f in files:
-            try:
-                with open(f, "rb") as fh:
-                    n = int.from_bytes(fh.read(8), "little")
-                    header = json.loads(fh.read(n))
-            except (OSError, ValueError) as e:
-                raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None
-            header.pop("__metadata__", None)
-            for k, info in header.items():
-                if info.get("dtype") not in _ST_DTYPES:
-                    raise CheckpointError(f"{f}: tensor {k} has unsupported dtype {info.get('dtype')!r}")
-                self.where[k] = (f, info, 8 + n)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.where[name][1]["shape"])
-
-    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        path, info, base = self.where[name]
-        src = _ST_DTYPES[info["dtype"]]
-        if dtype is None or src == dtype or not src.is_floating_point:
-            handle = self._mapped.get(path)
-            if handle is None:
-                from safetensors import safe_open
-                handle = self._mapped[path] = safe_open(str(path), framework="pt", device="cpu")
-            return handle.get_tensor(name)
-        return self.read(name).to(dtype)
-
-    def read(self, name: str) -> torch.Tensor:
-        """The tensor in its file dtype, read with plain file reads into a fresh tensor (no mapping)."""
-        path, info, base = self.where[name]
-        start, end = info["data_offsets"]
-        raw = torch.empty(info["shape"], dtype=_ST_DTYPES[info["dtype"]])
-        if end > start:
-            with open(path, "rb") as fh:
-                fh.seek(base + start)
-                if fh.readinto(raw.reshape(-1).view(torch.uint8).numpy()) != end - start:
-                    raise CheckpointError(f"{path}: truncated data for tensor {name}")
-        return raw
 
 
 def _names(keys, n: int = _SHOW) -> str:

@@ -167,12 +167,12 @@ BACKENDS = {
 # worker processes, for their lifetime).
 MODIFIERS = {
     "+torch-gemv": ("OMNILAB_CPU_GEMV", "torch"),   # every linear on torch (MKL), not omnilab's 4-8 row kernel
-    "+4k-pages": ("OMNILAB_HUGEPAGES", "off"),      # decode weights in torch's allocations, not huge pages
+    "+huge-pages": ("OMNILAB_HUGEPAGES", "on"),     # decode weights in a huge-page arena (opt-in)
 }
 
 
 def split_name(name: str) -> tuple[str, dict[str, str]]:
-    """``"vllm+torch-gemv+4k-pages"`` -> ``("vllm", {"OMNILAB_CPU_GEMV": "torch", "OMNILAB_HUGEPAGES": "off"})``."""
+    """``"vllm+torch-gemv+huge-pages"`` -> ``("vllm", {"OMNILAB_CPU_GEMV": "torch", "OMNILAB_HUGEPAGES": "on"})``."""
     base, env = name, {}
     changed = True
     while changed:

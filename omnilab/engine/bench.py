@@ -87,7 +87,7 @@ def main(argv=None):
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--pages", default="huge", help="comma-separated: huge (streamed weights in a huge-page "
+    ap.add_argument("--pages", default="4k", help="comma-separated: huge (streamed weights in a huge-page "
                     "arena), 4k (torch's allocations); several build one model each, alternated like --gemv")
     ap.add_argument("--gemv", default="auto", help="comma-separated OMNILAB_CPU_GEMV modes, alternated in each "
                     "repeat (side by side on one model): e.g. auto,omnilab-avx2,torch")

@@ -1,15 +1,16 @@
 """Decode weights in transparent huge pages: one anonymous mapping, ``madvise(MADV_HUGEPAGE)``.
 
 Why: a decode step streams every talker and code-predictor matrix once per frame (6.6 GB at 0.6B fp32).
-With 4 KiB pages that is a TLB miss every 4 KiB; with 2 MiB pages GEMVs over the code predictor's matrices
-ran 5-7 % faster here (paired medians of 40 alternations, 2 threads, same matrices). Where THP is
-``madvise`` (the common default) ordinary tensors never get huge pages; a :class:`WeightArena` asks for
-them. The loaders place the streamed matrices (``talker_streamed_name``) in one arena; the ``Parameter``
-objects, names and values are unchanged.
+With 4 KiB pages that is a TLB miss every 4 KiB. In isolation, GEMVs over the code predictor's matrices
+ran 5-7 % faster from 2 MiB pages here (paired medians of 40 alternations, 2 threads); whole decode steps
+did not (interleaved pipelines, x0.97-1.05 over 6 rounds each, within this shared host's noise). So it is
+opt-in: ``OMNILAB_HUGEPAGES=on`` (or ``auto``: on where THP allows it) places the streamed matrices
+(``talker_streamed_name``) in one arena at load; the ``Parameter`` objects, names and values are unchanged.
 
-Choice (:func:`hugepages_choice`), with a reason; ``OMNILAB_HUGEPAGES=auto|on|off`` overrides: ``auto``
-uses an arena where ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise`` (Linux);
-``on`` raises if THP is unavailable; ``off`` keeps torch's allocations.
+Choice (:func:`hugepages_choice`), with a reason; ``OMNILAB_HUGEPAGES=off|on|auto``: ``off`` (default)
+keeps torch's allocations; ``on`` raises if transparent huge pages are unavailable
+(``/sys/kernel/mm/transparent_hugepage/enabled`` must be ``always`` or ``madvise``); ``auto`` uses them
+where available.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 ENV = "OMNILAB_HUGEPAGES"
-MODES = ("auto", "on", "off")
+MODES = ("off", "on", "auto")
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
 ALIGN_BYTES = 4096  # each tensor starts on a page (SIMD loads aligned, no false sharing between tensors)
 HUGE_BYTES = 2 << 20
@@ -42,7 +43,7 @@ def talker_streamed_name(name: str) -> bool:
 class HugepagesChoice:
     enabled: bool
     reason: str
-    source: str  # "auto" | "env"
+    source: str  # "default" | "env"
 
     @property
     def label(self) -> str:
@@ -59,12 +60,15 @@ def _thp_mode(path: str = THP_SYSFS) -> str | None:
 
 
 def hugepages_choice(env: str | None = None, thp: str | None = "probe") -> HugepagesChoice:
-    raw = (os.environ.get(ENV, "") if env is None else env).strip().lower() or "auto"
+    given = (os.environ.get(ENV, "") if env is None else env).strip().lower()
+    raw = given or "off"
     if raw not in MODES:
         raise ValueError(f"{ENV}={raw!r} is not a mode; accepted: {', '.join(MODES)}")
-    source = "auto" if raw == "auto" else "env"
+    source = "env" if given else "default"
     if raw == "off":
-        return HugepagesChoice(False, f"{ENV}=off", source)
+        why = f"{ENV}=off" if given else (f"default (opt in with {ENV}=on): 2 MiB pages sped up isolated GEMVs "
+                                          f"by 5-7 % but not whole decode steps here")
+        return HugepagesChoice(False, why, source)
     mode = _thp_mode() if thp == "probe" else thp
     usable = mode in ("always", "madvise") and hasattr(mmap, "MADV_HUGEPAGE")
     what = f"transparent huge pages are {mode!r} ({THP_SYSFS})" if mode else f"no {THP_SYSFS} (not Linux THP)"
@@ -72,9 +76,8 @@ def hugepages_choice(env: str | None = None, thp: str | None = "probe") -> Hugep
         if raw == "on":
             raise RuntimeError(f"{ENV}=on needs transparent huge pages ('always' or 'madvise'); {what}")
         return HugepagesChoice(False, f"{what}: decode weights stay in torch's allocations", source)
-    reason = (f"{what}: decode weights in one madvise(MADV_HUGEPAGE) mapping (GEMVs 5-7 % faster than "
-              f"over 4 KiB pages, measured here)")
-    return HugepagesChoice(True, f"{ENV}=on: {reason}" if source == "env" else reason, source)
+    reason = f"{ENV}={raw}: {what}: decode weights in one madvise(MADV_HUGEPAGE) mapping"
+    return HugepagesChoice(True, reason, source)
 
 
 class WeightArena:

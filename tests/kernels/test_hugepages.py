@@ -12,8 +12,14 @@ from omnilab.kernels import hugepages as hp
 @pytest.mark.parametrize("thp,enabled", [("always", True), ("madvise", True), ("never", False), (None, False)])
 def test_auto_follows_the_kernel_thp_mode(thp, enabled):
     c = hp.hugepages_choice(env="auto", thp=thp)
-    assert c.enabled is enabled and c.source == "auto"
+    assert c.enabled is enabled and c.source == "env"
     assert (repr(thp) if thp else "not Linux THP") in c.reason
+
+
+def test_off_by_default_with_the_measurement_as_reason(monkeypatch):
+    monkeypatch.delenv(hp.ENV, raising=False)
+    c = hp.hugepages_choice(thp="always")
+    assert not c.enabled and c.source == "default" and "OMNILAB_HUGEPAGES=on" in c.reason
 
 
 def test_env_modes_and_errors():
@@ -21,7 +27,7 @@ def test_env_modes_and_errors():
     assert hp.hugepages_choice(env="on", thp="madvise").source == "env"
     with pytest.raises(RuntimeError, match="OMNILAB_HUGEPAGES=on needs transparent huge pages.*'never'"):
         hp.hugepages_choice(env="on", thp="never")
-    with pytest.raises(ValueError, match="OMNILAB_HUGEPAGES='yes' is not a mode; accepted: auto, on, off"):
+    with pytest.raises(ValueError, match="OMNILAB_HUGEPAGES='yes' is not a mode; accepted: off, on, auto"):
         hp.hugepages_choice(env="yes")
 
 
