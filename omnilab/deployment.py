@@ -61,7 +61,7 @@ class Deployment:
         return f"Deployment(backend={self.backend!r}, placement={self.placement!r}, profile={name!r})"
 
     def _repr_html_(self) -> str:
-        from omnilab.hardware import html_table
+        from omnilab.html_tables import html_table
         body = html_table(["what", "value"], self.rows())
         return body + (self.profile._repr_html_() if self.profile is not None else "")
 
@@ -120,7 +120,8 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
         raise InputError(f"max_concurrency must be a positive integer; got {max_concurrency!r}")
     if isinstance(deploy, str) and deploy not in DEPLOY_MODES + ("multiprocess",):
-        raise InputError(f"deploy {deploy!r} is not known; accepted: {', '.join(DEPLOY_MODES)}, a VllmDeploy, "
+        raise InputError(f"deploy {deploy!r} is not known; accepted: {', '.join(DEPLOY_MODES)} (alias "
+                         "'multiprocess' for 'workers'), a VllmDeploy, "
                          "a VllmStageConfig or a dict of its fields")
     if backend == "eager" and deploy not in (None, "auto", "inprocess"):
         raise InputError(f"deploy={deploy!r} applies to backend='vllm' only (the eager backend runs in this process)")

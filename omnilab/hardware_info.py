@@ -2,15 +2,16 @@
 
 Contract: frozen dataclasses ``Core``, ``NumaNode`` and ``HardwareInfo`` (derived views are
 properties; nothing here is a decision), kernel CPU-list syntax (``parse_cpulist`` /
-``format_cpulist``), ``native_bf16(flags, arch)`` and ``html_table`` for ``_repr_html_``. Pure
+``format_cpulist``) and ``native_bf16(flags, arch)``. Pure
 functions over values: it reads no files (probing lives in ``omnilab.hardware``, which re-exports
 these names). Stdlib only.
 """
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from typing import Iterable
+
+from omnilab.html_tables import html_table
 
 GiB = 1 << 30
 X86_ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -190,14 +191,6 @@ class HardwareInfo:
 
 def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / GiB:.1f} GiB"
-
-
-def html_table(header: list[str], rows: list[Iterable[object]]) -> str:
-    """A plain HTML table (escaped), for ``_repr_html_`` of probe and profile objects."""
-    th = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(c))}</td>" for c in r)
-                   + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
 # ---------------------------------------------------------------- ISA and bf16

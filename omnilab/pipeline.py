@@ -123,7 +123,8 @@ class Pipeline:
                 ``DeployProfile``, or None (apply nothing). ``pipe.profile`` shows what was applied.
             deploy: ``backend="vllm"`` only: None/``"auto"`` (stage worker processes when the profile gives
                 each stage its own CPUs, else the engine in this process), ``"inprocess"``, ``"workers"``
-                (vLLM engine-core, talker worker and code2wav worker processes bound to the profile's CPUs),
+                (vLLM engine-core, talker worker and code2wav worker processes bound to the profile's CPUs;
+                alias ``"multiprocess"``),
                 or an explicit ``omnilab.stages.vllm_deploy.VllmDeploy`` / ``VllmStageConfig`` / dict.
             dtype: compute dtype (None = the profile's: bf16 only where the CPU has native bf16).
             num_threads: talker threads (None = the profile's; without a profile, leave torch as is).

@@ -7,7 +7,6 @@ carries the request's trace, and ``SynthesisResult.from_chunks`` joins a stream 
 """
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -138,14 +137,13 @@ class SynthesisResult:
                 f"rtf={self.rtf:.2f}, finish={self.finish_reason!r})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in self.summary().items())
+        from omnilab.html_tables import key_value_table
         player = ""
         try:
             player = self.play()._repr_html_()
         except Exception:  # IPython missing: table only
             pass
-        return f"<div><b>SynthesisResult</b><table>{rows}</table>{player}</div>"
+        return f"<div><b>SynthesisResult</b>{key_value_table(self.summary())}{player}</div>"
 
 
 @dataclass

@@ -12,7 +12,6 @@ Contract:
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -395,11 +394,10 @@ class Trace:
                 f"thread_samples={s['thread_samples']})")
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in self.summary().items())
+        from omnilab.html_tables import key_value_table
         body = ""
         if self.request_ids:
             cols = ["request_id", "frames", "ttfa_ms", "playback_start_ms", "stall_ms", "rtf", "x_realtime",
                     "talker_ms_per_frame", "code2wav_ms_per_frame"]
             body = self.metrics()[cols].round(2).to_html(index=False, border=0)
-        return f"<div><b>Trace</b><table>{head}</table>{body}</div>"
+        return f"<div><b>Trace</b>{key_value_table(self.summary())}{body}</div>"

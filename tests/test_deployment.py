@@ -50,6 +50,12 @@ def test_split_profile_puts_stages_in_workers_on_the_planned_cpus(tiny_ckpt, mon
     assert d.vllm_deploy.code2wav_process and d.vllm_deploy.code2wav_cpus == p.cpus("code2wav")
 
 
+def test_multiprocess_is_an_alias_of_workers(tiny_ckpt):
+    a, b = prepare(tiny_ckpt(), backend="vllm", deploy="workers"), prepare(tiny_ckpt(), backend="vllm",
+                                                                        deploy="multiprocess")
+    assert a.placement == b.placement == "workers" and a.vllm_deploy == b.vllm_deploy
+
+
 def test_explicit_arguments_replan_as_argument_overrides(tiny_ckpt):
     d = prepare(tiny_ckpt(), backend="vllm", dtype="fp32", num_threads=1, max_concurrency=3, deploy="workers")
     p = d.profile

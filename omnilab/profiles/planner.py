@@ -167,7 +167,9 @@ def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = 
 
 
 def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
-    mode_f, tp, nt_f, nc_f, ranks_f, c2w_f = (fixed.get(k) for k in ("mode", "tp", "nt", "nc", "ranks", "c2w"))
+    mode_f, tp, nt_f, nc_f, ranks_f, c2w_f = (fixed.get(k) for k in ("mode", "talker_tp_size", "talker_threads",
+                                                                      "code2wav_threads", "talker_cpus",
+                                                                      "code2wav_cpus"))
     tp = len(ranks_f) if ranks_f else tp or 1
     nodes = sorted(pools, key=lambda n: (-len(pools[n]), n))
     talkers = []  # (ranks, node ids)
@@ -216,20 +218,16 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
         if got[k] and lst and got[k][0] != len(lst):
             raise ConfigError(f"{k}={got[k][0]} ({got[k][1]}) but the matching CPU list {format_cpulist(lst)!r} "
                               f"has {len(lst)} CPUs (one thread per listed CPU)")
-    fixed = {"mode": got["mode"] and got["mode"][0], "tp": got["talker_tp_size"] and got["talker_tp_size"][0],
-             "nt": got["talker_threads"] and got["talker_threads"][0], "ranks": ranks_f,
-             "nc": got["code2wav_threads"] and got["code2wav_threads"][0],
-             "c2w": got["code2wav_cpus"] and got["code2wav_cpus"][0]}
-    if fixed["tp"] and fixed["tp"] > 1 and fixed["mode"] == "shared":
-        raise ConfigError(f"mode 'shared' ({got['mode'][1]}) needs talker_tp_size 1, got {fixed['tp']}")
-    if fixed["tp"] and fixed["tp"] > len(pools) and not ranks_f:
-        raise ConfigError(f"talker_tp_size={fixed['tp']} ({got['talker_tp_size'][1]}) needs one NUMA node per rank; "
+    fixed = {k: got[k] and got[k][0] for k in got}  # field -> the value an override fixes, or None
+    tp = fixed["talker_tp_size"]
+    if tp and tp > 1 and fixed["mode"] == "shared":
+        raise ConfigError(f"mode 'shared' ({got['mode'][1]}) needs talker_tp_size 1, got {tp}")
+    if tp and tp > len(pools) and not ranks_f:
+        raise ConfigError(f"talker_tp_size={tp} ({got['talker_tp_size'][1]}) needs one NUMA node per rank; "
                           f"this machine has {len(pools)} node(s) with usable cores")
     cands = _candidates(cost, pools, budget, fixed)
     if not cands:
-        names = {"mode": "mode", "tp": "talker_tp_size", "nt": "talker_threads", "ranks": "talker_cpus",
-                 "nc": "code2wav_threads", "c2w": "code2wav_cpus"}
-        given = ", ".join(f"{names[k]}={v!r} ({got[names[k]][1]})" for k, v in fixed.items() if v)
+        given = ", ".join(f"{k}={v!r} ({got[k][1]})" for k, v in fixed.items() if v)
         raise ConfigError(f"no CPU placement satisfies {given or 'the defaults'}: usable physical cores per NUMA node "
                           f"{ {n: format_cpulist(p) for n, p in pools.items()} } after reserving "
                           f"{format_cpulist(reserved) or 'none'}, compute budget {budget} CPUs")

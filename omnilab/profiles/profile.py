@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from omnilab.errors import ConfigError
-from omnilab.hardware import GiB, format_cpulist, html_table
+from omnilab.hardware import GiB, format_cpulist
+from omnilab.html_tables import html_table
 from omnilab.profiles.cost import StreamEstimate, chunk_schedule
 
 if TYPE_CHECKING:
