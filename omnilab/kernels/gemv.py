@@ -187,6 +187,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if (rows < MIN_ROWS or rows > MAX_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous()  # else torch (or its error)
+            or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.shape[0],)))
             or x.device.type != "cpu" or weight.device.type != "cpu"
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)

@@ -98,6 +98,10 @@ def test_linear_dispatch_by_rows_dtype_and_autograd(fresh_choice):
             assert torch.equal(got, F.linear(x, w))
     assert calls == [4, 5, 6, 7, 8]
     gemv.linear(torch.randn(4, 64, dtype=torch.bfloat16), w.bfloat16())
+    with pytest.raises(RuntimeError):  # a shape mismatch is torch's error, never a read past the weight
+        gemv.linear(torch.randn(4, 65), w)
+    wt, x4 = torch.randn(64, 96).t(), torch.randn(4, 64)  # non-contiguous weight: torch, not a copy per call
+    assert torch.equal(gemv.linear(x4, wt), F.linear(x4, wt))
     wg = torch.randn(96, 64, requires_grad=True)
     gemv.linear(torch.randn(4, 64), wg).sum().backward()  # autograd goes through torch
     assert wg.grad is not None and calls == [4, 5, 6, 7, 8]
