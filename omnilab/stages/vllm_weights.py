@@ -37,40 +37,6 @@ def release_memory() -> None:
         pass
 
 
-_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64,
-              "I32": torch.int32}
-
-
-def _read_safetensors(files) -> dict[str, tuple]:
-    """name -> (file, dtype, shape, offset, nbytes) from the headers of ``files``."""
-    import json
-    import struct
-
-    out = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                a, b = info["data_offsets"]
-                out[name] = (f, _ST_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + n + a, b - a)
-    return out
-
-
-def _read_tensor(entry) -> torch.Tensor:
-    """One tensor read with plain file I/O (no mmap: the file's pages never count as this process's RSS)."""
-    f, dtype, shape, offset, nbytes = entry
-    t = torch.empty(shape, dtype=dtype)
-    with open(f, "rb", buffering=0) as fh:
-        fh.seek(offset)
-        view = memoryview(t.view(-1).view(torch.uint8).numpy()) if nbytes else memoryview(b"")
-        got = fh.readinto(view) if nbytes else 0
-    if got != nbytes:
-        raise OSError(f"{f}: short read ({got} of {nbytes} bytes)")
-    return t
-
-
 def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: torch.dtype,
                   keep_bf16: tuple[str, ...] = (), streamed: Callable[[str], bool] | None = None) -> nn.Module:
     """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``files``
@@ -79,12 +45,13 @@ def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: t
     matrices ``streamed`` selects go to one huge-page arena (``module.weight_arena``)."""
     from omnilab.errors import CheckpointError
     from omnilab.loading import meta_init
+    from omnilab.tensor_index import TensorIndex
 
-    index = _read_safetensors(files)
+    index = TensorIndex(list(files))
     with meta_init():
         module = factory()
     expected = {k: tuple(t.shape) for k, t in module.state_dict().items()}
-    present = {k[len(prefix):] for k in index if k.startswith(prefix)}
+    present = {k[len(prefix):] for k in index.where if k.startswith(prefix)}
     if present != set(expected):
         missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
         raise CheckpointError(f"{files[0]}: {prefix}* tensors do not match the config (missing {missing[:5]}, "
@@ -94,10 +61,10 @@ def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: t
     arena, in_arena = plan_arena(expected, dtype, streamed)
     state = {}
     for k, shape in expected.items():
-        entry = index[prefix + k]
-        if entry[2] != shape:
-            raise CheckpointError(f"{entry[0]}: {prefix}{k} has shape {entry[2]}, config says {shape}")
-        t = _read_tensor(entry)
+        if index.shape(prefix + k) != shape:
+            raise CheckpointError(f"{index.where[prefix + k][0]}: {prefix}{k} has shape {index.shape(prefix + k)}, "
+                                  f"config says {shape}")
+        t = index.read(prefix + k)  # plain file reads into a fresh tensor: no mapping of the file
         if k in in_arena:  # cast while copying into the arena (no fp32 temporary)
             state[k] = arena.put(t, dtype)
             continue
