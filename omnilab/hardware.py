@@ -113,6 +113,11 @@ def _cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
         return frozenset()
 
 
+def cpu_flags() -> frozenset[str]:
+    """The ``flags`` / ``Features`` words of /proc/cpuinfo for this machine (empty if unreadable)."""
+    return _cpu_flags()
+
+
 def cpu_has_native_bf16() -> tuple[bool, str]:
     """Return ``(has_bf16, reason)`` for the CPU this process runs on."""
     return native_bf16(_cpu_flags(), platform.machine().lower())

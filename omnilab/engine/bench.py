@@ -123,9 +123,11 @@ def main(argv=None):
                 floor_t, floor_p = gemv_floor_ms(t)
             with use_gemv(mode) as choice:
                 r = run(cfg, models[pg], b, a.frames)
-            r.update(gemv=choice.label, gemv_mode=mode, pages=pg, variant=f"{mode}/{pg}", gemv_floor_talker_ms=round(floor_t, 1), gemv_floor_predictor_ms=round(floor_p, 1))
+            r.update(gemv=choice.label, gemv_mode=mode, pages=pg, variant=f"{mode}/{pg}",
+                     gemv_floor_talker_ms=round(floor_t, 1), gemv_floor_predictor_ms=round(floor_p, 1))
             results.append(r)
-            print(f"batch {b} [{choice.label}, {pg} pages]: step {r['wall_ms']:8.1f} ms | talker {r['talker_ms']:7.1f} | predictor "
+            print(f"batch {b} [{choice.label}, {pg} pages]: step {r['wall_ms']:8.1f} ms | "
+                  f"talker {r['talker_ms']:7.1f} | predictor "
                   f"{r['predictor_ms']:7.1f} | prep {r['prep_ms']:5.2f} | sampling {r['sampling_ms']:5.2f} | "
                   f"per request {r['frame_ms_per_request']:7.1f} ms/frame | bare-GEMV floor talker "
                   f"{floor_t:.1f} / predictor {floor_p:.1f} ms")

@@ -75,11 +75,6 @@ _CHOICE: GemvChoice | None = None
 _LIB: _Lib | None = None
 
 
-def _cpu_flags() -> frozenset[str]:
-    from omnilab.hardware import _cpu_flags as flags
-    return flags()
-
-
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[GemvChoice, _Lib | None]:
     """Decide (and build) without installing the result; :func:`gemv_choice` caches it per process."""
     raw = (os.environ.get(ENV, "") if env is None else env).strip().lower() or "auto"
@@ -88,7 +83,10 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     source = "auto" if raw == "auto" else "env"
     if raw == "torch":
         return GemvChoice("torch", None, None, f"{ENV}=torch", source), None
-    isa, isa_reason = select_isa(_cpu_flags() if flags is None else flags)
+    if flags is None:
+        from omnilab.hardware import cpu_flags
+        flags = cpu_flags()
+    isa, isa_reason = select_isa(flags)
     if raw in ("omnilab-avx512", "omnilab-avx2"):
         wanted = raw.split("-", 1)[1]
         if isa is None or (wanted == "avx512" and isa != "avx512"):

@@ -14,6 +14,7 @@ where available.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -94,7 +95,7 @@ class WeightArena:
 
     @staticmethod
     def size_for(tensors: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
-        return sum(_aligned(_numel(s) * torch.empty(0, dtype=d).element_size()) for s, d in tensors)
+        return sum(_aligned(math.prod(s) * d.itemsize) for s, d in tensors)
 
     @property
     def address(self) -> int:
@@ -103,7 +104,7 @@ class WeightArena:
     def put(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A copy of ``t`` inside the arena, cast to ``dtype`` (default: ``t``'s) while copying."""
         dtype = dtype or t.dtype
-        n = t.numel() * torch.empty(0, dtype=dtype).element_size()
+        n = t.numel() * dtype.itemsize
         if self.used + n > self.nbytes:
             raise RuntimeError(f"weight arena full: {self.used} + {n} > {self.nbytes} bytes")
         out = self._bytes[self.used:self.used + n].view(dtype).view(t.shape)
@@ -120,13 +121,6 @@ class WeightArena:
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN_BYTES) * ALIGN_BYTES
-
-
-def _numel(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= int(s)
-    return out
 
 
 def plan_arena(expected: dict[str, tuple[int, ...]], dtype: torch.dtype, streamed) -> tuple[WeightArena | None, set[str]]:

@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from omnilab.hardware import cpu_flags
 from omnilab.kernels import build, gemv
 from omnilab.kernels.build import build_library, select_isa
 
-FLAGS = gemv._cpu_flags()
+FLAGS = cpu_flags()
 ISAS = [i for i, need in (("avx512", {"avx512f"}), ("avx2", {"avx2", "fma"})) if need <= FLAGS]
 if not ISAS:
     pytest.skip("CPU has neither avx512f nor avx2 + fma: the kernel does not apply here", allow_module_level=True)
