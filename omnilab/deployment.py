@@ -40,6 +40,7 @@ class Deployment:
     vllm_deploy: Any = None        # VllmDeploy spec for omnilab.stages.vllm_deploy (vllm backend)
     gemv: Any = None               # omnilab.kernels.GemvChoice of this process (set by Pipeline.from_pretrained)
     hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
+    weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
 
     def rows(self) -> list[tuple[str, str]]:
         p = self.profile
@@ -52,8 +53,10 @@ class Deployment:
             out.append(("client torch threads", str(self.num_threads)))
         if self.gemv is not None:
             out.append(("decode linears", f"{self.gemv.label}: {self.gemv.reason}"))
+        if self.weights is not None:
+            out.append(("decode weights", f"{self.weights.label}: {self.weights.reason}"))
         if self.hugepages is not None:
-            out.append(("decode weights", f"{self.hugepages.label}: {self.hugepages.reason}"))
+            out.append(("decode weight pages", f"{self.hugepages.label}: {self.hugepages.reason}"))
         return out
 
     def __repr__(self) -> str:

@@ -248,11 +248,12 @@ def _names(keys, n: int = _SHOW) -> str:
 
 
 def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: str, dtype: torch.dtype,
-                 what: str, streamed: Callable[[str], bool] | None = None) -> nn.Module:
+                 what: str, streamed: Callable[[str], bool] | None = None, storage: Any = None) -> nn.Module:
     """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``index``.
 
     ``streamed`` (optional) selects matrices to place in one huge-page :class:`~omnilab.kernels.hugepages.
-    WeightArena` (kept as ``module.weight_arena``)."""
+    WeightArena` (kept as ``module.weight_arena``); ``storage`` (optional :class:`~omnilab.kernels.storage.
+    WeightStorage`) keeps the talker matrices it selects in the file's bf16 instead of ``dtype``."""
     with meta_init():
         module = factory()
     expected = {k: tuple(t.shape) for k, t in module.state_dict().items()}
@@ -275,10 +276,13 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         raise CheckpointError(msg)
     from omnilab.kernels.hugepages import plan_arena
 
-    arena, in_arena = plan_arena(expected, dtype, streamed)
+    stored = {k: torch.bfloat16 if storage is not None and storage.keeps_bf16(k, index.dtype(present[k])) else dtype
+              for k in expected}
+    arena, in_arena = plan_arena({k: (shape, stored[k]) for k, shape in expected.items()}, streamed)
     state = {}
     for k in expected:  # arena tensors: read in the file dtype, cast while copying in (no fp32 temporary)
-        state[k] = arena.put(index.read(present[k]), dtype) if k in in_arena else index.get(present[k], dtype)
+        state[k] = (arena.put(index.read(present[k]), stored[k]) if k in in_arena
+                    else index.get(present[k], stored[k]))
     module.load_state_dict(state, strict=True, assign=True)
     module.weight_arena = arena
     del state
@@ -331,8 +335,13 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
 
     main = TensorIndex(weight_files(path, "model"))
     _unclaimed(main, ("talker.", "speaker_encoder.") if is_base else ("talker.",), "model.safetensors")
-    talker = load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)",
-                         streamed=streamed_selector()) if load_talker else None
+    talker = None
+    if load_talker:
+        from omnilab.kernels.storage import weight_storage_choice
+        storage = weight_storage_choice(compute)
+        talker = load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)",
+                             streamed=streamed_selector(), storage=storage)
+        talker.weight_storage = storage
     speaker_encoder = None
     if want_spk:
         from omnilab.models.speaker_encoder import SpeakerEncoder

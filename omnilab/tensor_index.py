@@ -45,6 +45,10 @@ class TensorIndex:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.where[name][1]["shape"])
 
+    def dtype(self, name: str) -> torch.dtype:
+        """The tensor's dtype in the file."""
+        return _ST_DTYPES[self.where[name][1]["dtype"]]
+
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         path, info, base = self.where[name]
         src = _ST_DTYPES[info["dtype"]]

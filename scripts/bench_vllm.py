@@ -168,6 +168,7 @@ BACKENDS = {
 MODIFIERS = {
     "+torch-gemv": ("OMNILAB_CPU_GEMV", "torch"),   # every linear on torch (MKL), not omnilab's 4-8 row kernel
     "+huge-pages": ("OMNILAB_HUGEPAGES", "on"),     # decode weights in a huge-page arena (opt-in)
+    "+fp32-weights": ("OMNILAB_DECODE_WEIGHTS", "compute"),  # fp32 copies of the bf16 decode matrices
 }
 
 
@@ -332,6 +333,7 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             pipe = build(name, args.checkpoint, args)
             init_s = time.perf_counter() - t
+            weights_label = pipe.deployment.weights.label
             run_streams(pipe, 1, 4)  # warm-up
             one = run_streams(pipe, 1, args.frames)
             many = run_streams(pipe, args.concurrency, args.frames) if args.concurrency > 1 else None
@@ -340,7 +342,8 @@ def main(argv=None) -> int:
         del pipe
         floor_ms = round((floor_before + floor()) / 2, 1)
         one["floor_ratio"] = round(one["decode_step_ms"] / floor_ms, 2) if one["decode_step_ms"] else None
-        r = {"init_s": round(init_s, 1), "gemv": gemv_choice().label, "env": split_name(name)[1],
+        r = {"init_s": round(init_s, 1), "gemv": gemv_choice().label, "weights": weights_label,
+             "env": split_name(name)[1],
              "floor_ms": floor_ms, "single": one, "concurrent": many, "processes": procs,
              "peak_rss_total_gib": round(mem.peak_total / 2**30, 3),
              "peak_rss_gib": {k: round(v / 2**30, 3) for k, v in mem.peaks.items()}}
@@ -402,6 +405,7 @@ def interleave(names: list[str], args) -> int:
            "floor_ms": [round(f, 1) for f in floors],
            "frames": args.frames, "threads": args.threads, "median": res,
            "step_ratio": {n: round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3) for n in names},
+           "weights": {n: p.deployment.weights.label for n, p in pipes.items()},
            "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
@@ -418,7 +422,7 @@ def _headline(results: dict) -> dict:
         if name == "meta" or not isinstance(r, dict) or "single" not in r:
             continue
         one, many = r["single"], r.get("concurrent") or {}
-        out[name] = {"gemv": r.get("gemv"), "step_ms": one.get("decode_step_ms"), "predictor_ms": one.get("predictor_ms"),
+        out[name] = {"gemv": r.get("gemv"), "weights": r.get("weights"), "step_ms": one.get("decode_step_ms"), "predictor_ms": one.get("predictor_ms"),
                      "overhead_pct": one.get("overhead_pct"), "code2wav_ms_per_frame": one.get("code2wav_ms_per_frame"),
                      "ttfa_ms": one.get("ttfa_ms"), "rtf": one.get("rtf"), "floor_ms": r.get("floor_ms"),
                      "conc_speedup": r.get("concurrent_speedup"), "steady_speedup": r.get("steady_speedup"),

@@ -3,7 +3,11 @@
 - :func:`linear`: ``F.linear`` for the decoder stacks; 4..8 fp32 rows run omnilab's small-batch GEMV
   (weights streamed once for all rows), everything else torch. :func:`gemv_choice` says which and why;
   ``OMNILAB_CPU_GEMV=auto|omnilab|omnilab-avx512|omnilab-avx2|torch`` overrides; ``with use_gemv(mode):``
-  switches it for a block (side-by-side timing on one loaded model).
+  switches it for a block (side-by-side timing on one loaded model). fp32 inputs over bf16-stored weights
+  take the kernel for 1..16 rows (the bf16 expanded exactly in registers).
+- :mod:`omnilab.kernels.storage`: an fp32 talker keeps its decode matrices in the checkpoint's bf16 (half
+  the bytes per decode step); ``OMNILAB_DECODE_WEIGHTS=auto|bf16|compute``.
+- :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
 """
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 from omnilab.kernels.gemv import MODES, GemvChoice, gemv_choice, gemv_rows, linear, use_gemv

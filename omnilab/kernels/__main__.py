@@ -1,4 +1,5 @@
-"""``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why."""
+"""``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why, and
+how an fp32 talker's decode matrices would be stored."""
 from omnilab.kernels import gemv_choice
 
 if __name__ == "__main__":
@@ -7,3 +8,9 @@ if __name__ == "__main__":
     print(f"  reason: {c.reason}")
     if c.library:
         print(f"  library: {c.library}")
+    import torch
+
+    from omnilab.kernels.storage import weight_storage_choice
+    w = weight_storage_choice(torch.float32)
+    print(f"decode weights of an fp32 talker: {w.label} ({w.source})")
+    print(f"  reason: {w.reason}")

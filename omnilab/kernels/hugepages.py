@@ -23,22 +23,13 @@ from pathlib import Path
 
 import torch
 
+from omnilab.kernels.storage import talker_streamed_name
+
 ENV = "OMNILAB_HUGEPAGES"
 MODES = ("off", "on", "auto")
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
 ALIGN_BYTES = 4096  # each tensor starts on a page (SIMD loads aligned, no false sharing between tensors)
 HUGE_BYTES = 2 << 20
-
-# Talker tensors a decode step streams once per frame (released names without "talker."): decoder and
-# code-predictor layer matrices, the codec head, the predictor's heads and projection. Embedding tables,
-# norms and the text projection (prompt only) are not streamed.
-_STREAMED = re.compile(r"^(model\.layers\.\d+\.|codec_head\.|code_predictor\.(model\.layers\.\d+\.|lm_head\.\d+\.|"
-                       r"small_to_mtp_projection\.)).*weight$")
-
-
-def talker_streamed_name(name: str) -> bool:
-    return bool(_STREAMED.match(name)) and "norm" not in name
-
 
 @dataclass(frozen=True)
 class HugepagesChoice:
@@ -123,15 +114,15 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN_BYTES) * ALIGN_BYTES
 
 
-def plan_arena(expected: dict[str, tuple[int, ...]], dtype: torch.dtype, streamed) -> tuple[WeightArena | None, set[str]]:
-    """For a loader: the arena for the keys of ``expected`` (name -> shape) that ``streamed(name)`` selects,
-    cast to ``dtype``; ``(None, set())`` when ``streamed`` is None or selects nothing."""
+def plan_arena(expected: dict[str, tuple[tuple[int, ...], torch.dtype]], streamed) -> tuple[WeightArena | None, set[str]]:
+    """For a loader: the arena for the keys of ``expected`` (name -> (shape, stored dtype)) that
+    ``streamed(name)`` selects; ``(None, set())`` when ``streamed`` is None or selects nothing."""
     if streamed is None:
         return None, set()
-    keys = {k for k, shape in expected.items() if len(shape) == 2 and streamed(k)}
+    keys = {k for k, (shape, _) in expected.items() if len(shape) == 2 and streamed(k)}
     if not keys:
         return None, set()
-    return WeightArena(WeightArena.size_for([(expected[k], dtype) for k in keys])), keys
+    return WeightArena(WeightArena.size_for([expected[k] for k in keys])), keys
 
 
 def pack(module: torch.nn.Module, streamed=talker_streamed_name) -> WeightArena | None:

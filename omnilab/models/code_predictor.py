@@ -56,7 +56,7 @@ class CodePredictor(nn.Module):
         self._caches: dict[tuple[int, torch.dtype], KVCache] = {}
 
     def _cache(self, batch: int) -> KVCache:
-        w = self.lm_head[0].weight
+        w = self.model.norm.weight  # compute dtype (matrices may be stored in bf16)
         key = (batch, w.dtype)
         cache = self._caches.get(key)
         if cache is None:

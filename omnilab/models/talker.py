@@ -65,7 +65,8 @@ class Talker(nn.Module):
     # ---- embeddings ---------------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
-        return self.codec_head.weight.dtype
+        """Compute dtype (the final norm's: decode matrices may be stored in bf16 under fp32 compute)."""
+        return self.model.norm.weight.dtype
 
     @property
     def hidden_size(self) -> int:

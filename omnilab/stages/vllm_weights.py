@@ -38,11 +38,12 @@ def release_memory() -> None:
 
 
 def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: torch.dtype,
-                  keep_bf16: tuple[str, ...] = (), streamed: Callable[[str], bool] | None = None) -> nn.Module:
+                  keep_bf16: Callable[[str], bool] | None = None,
+                  streamed: Callable[[str], bool] | None = None) -> nn.Module:
     """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``files``
     (strict names and shapes; ``CheckpointError`` otherwise), one tensor at a time with plain file reads.
-    Floating tensors are cast to ``dtype``, except those named in ``keep_bf16`` when stored as bf16; the
-    matrices ``streamed`` selects go to one huge-page arena (``module.weight_arena``)."""
+    Floating tensors are cast to ``dtype``, except those ``keep_bf16(name)`` selects when stored as bf16;
+    the matrices ``streamed`` selects go to one huge-page arena (``module.weight_arena``)."""
     from omnilab.errors import CheckpointError
     from omnilab.loading import meta_init
     from omnilab.tensor_index import TensorIndex
@@ -58,18 +59,21 @@ def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: t
                               f"unexpected {extra[:5]})")
     from omnilab.kernels.hugepages import plan_arena
 
-    arena, in_arena = plan_arena(expected, dtype, streamed)
-    state = {}
     for k, shape in expected.items():
         if index.shape(prefix + k) != shape:
             raise CheckpointError(f"{index.where[prefix + k][0]}: {prefix}{k} has shape {index.shape(prefix + k)}, "
                                   f"config says {shape}")
+    stored = {}
+    for k in expected:
+        file_dtype = index.dtype(prefix + k)
+        keep = keep_bf16 is not None and file_dtype == torch.bfloat16 and keep_bf16(k)
+        stored[k] = file_dtype if keep or not file_dtype.is_floating_point else dtype
+    arena, in_arena = plan_arena({k: (shape, stored[k]) for k, shape in expected.items()}, streamed)
+    state = {}
+    for k in expected:
         t = index.read(prefix + k)  # plain file reads into a fresh tensor: no mapping of the file
-        if k in in_arena:  # cast while copying into the arena (no fp32 temporary)
-            state[k] = arena.put(t, dtype)
-            continue
-        keep = k in keep_bf16 and t.dtype == torch.bfloat16
-        state[k] = t if keep or not t.is_floating_point() or t.dtype == dtype else t.to(dtype)
+        # arena tensors: cast while copying in (no fp32 temporary)
+        state[k] = arena.put(t, stored[k]) if k in in_arena else (t if t.dtype == stored[k] else t.to(stored[k]))
     module.load_state_dict(state, strict=True, assign=True)
     module.weight_arena = arena
     return module.requires_grad_(False).eval()
@@ -78,7 +82,8 @@ def load_prefixed(factory: Callable[[], nn.Module], files, prefix: str, dtype: t
 def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: torch.dtype) -> nn.Module:
     """The omnilab ``Talker`` from ``model.safetensors``. Embedding tables (text, codec, the predictor's 15
     codebooks) stay in their file dtype when that is bf16 and ``dtype`` is fp32 (exact upcast of each
-    looked-up row): 0.75 GB less for the released 0.6B geometry."""
+    looked-up row): 0.75 GB less for the released 0.6B geometry. The decode matrices are stored as
+    :func:`omnilab.kernels.storage.weight_storage_choice` says (``talker.weight_storage``)."""
     from omnilab.errors import CheckpointError
     from omnilab.loading import weight_files
     from omnilab.models.talker import Talker
@@ -88,10 +93,14 @@ def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: torch.dt
         raise CheckpointError(f"{checkpoint}: no model.safetensors")
     tables = ["model.text_embedding.weight", "model.codec_embedding.weight"] + [
         f"code_predictor.model.codec_embedding.{q}.weight" for q in range(cfg.talker.num_code_groups - 1)]
+    from omnilab.kernels.storage import weight_storage_choice
     from omnilab.loading import streamed_selector
 
-    talker = load_prefixed(lambda: Talker(cfg), files, "talker.", dtype,
-                           keep_bf16=tuple(tables) if dtype == torch.float32 else (), streamed=streamed_selector())
+    storage = weight_storage_choice(dtype)
+    tables = frozenset(tables) if dtype == torch.float32 else frozenset()
+    talker = load_prefixed(lambda: Talker(cfg), files, "talker.", dtype, streamed=streamed_selector(),
+                           keep_bf16=lambda k: k in tables or storage.keeps_bf16(k, torch.bfloat16))
+    talker.weight_storage = storage
     for emb in talker.modules():
         if isinstance(emb, nn.Embedding) and emb.weight.dtype != dtype:
             emb.__class__ = _UpcastEmbedding

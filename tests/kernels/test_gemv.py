@@ -74,12 +74,66 @@ def test_input_layouts(lib):
 
 def test_gemv_rows_rejects_what_it_cannot_do(lib):
     w = torch.randn(16, 32)
-    with pytest.raises(ValueError, match="1..8 rows, got 9"):
+    with pytest.raises(ValueError, match="1..8 rows with torch.float32 weights, got 9"):
         gemv.gemv_rows(torch.randn(9, 32), w, lib=lib)
+    with pytest.raises(ValueError, match="1..16 rows with torch.bfloat16 weights, got 17"):
+        gemv.gemv_rows(torch.randn(17, 32), w.bfloat16(), lib=lib)
     with pytest.raises(TypeError, match="float32"):
         gemv.gemv_rows(torch.randn(2, 32, dtype=torch.bfloat16), w.bfloat16(), lib=lib)
     with pytest.raises(ValueError, match="shapes do not fit"):
         gemv.gemv_rows(torch.randn(2, 31), w, lib=lib)
+
+
+@pytest.mark.parametrize("n,k", [(1024, 1024), (37, 70), (2050, 24)])
+def test_bf16_weights_are_the_fp32_kernel_on_the_exact_copy(lib, n, k):
+    """bf16-stored weights expand exactly: the result is bitwise the fp32 kernel's on ``w.float()`` (same
+    summation order), for 1..16 rows (two 8-row passes), and close to F.linear."""
+    x, w, b = _data(16, n, k, True)
+    w16 = w.bfloat16()
+    got = gemv.gemv_rows(x, w16, b, lib=lib)
+    want = torch.cat([gemv.gemv_rows(x[:8], w16.float(), b, lib=lib), gemv.gemv_rows(x[8:], w16.float(), b, lib=lib)])
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got, F.linear(x, w16.float(), b), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_weight_rows_do_not_depend_on_batch_or_threads(lib):
+    x, w, _ = _data(16, 1024, 3072, False)
+    w16 = w.bfloat16()
+    alone = torch.cat([gemv.gemv_rows(x[i:i + 1], w16, lib=lib) for i in range(16)])
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            for m in (1, 2, 5, 8, 9, 13, 16):
+                assert torch.equal(gemv.gemv_rows(x[:m], w16, lib=lib), alone[:m]), (m, nt)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_linear_over_bf16_weights(fresh_choice):
+    """fp32 inputs over bf16 weights: the kernel for 1..16 rows; more rows, autograd and torch.compile tracing
+    compute F.linear on the exact fp32 copy; a bf16 bias is upcast; bf16 inputs stay torch's bf16 linear."""
+    gemv.gemv_choice()
+    g = torch.Generator().manual_seed(3)
+    w16 = (torch.randn(96, 64, generator=g) / 8).bfloat16()
+    b16 = torch.randn(96, generator=g).bfloat16()
+    xs = [torch.randn(rows, 64, generator=g) for rows in (1, 3, 8, 16, 17, 40)]
+    want = [gemv.gemv_rows(x, w16, b16.float()) if len(x) <= 16 else F.linear(x, w16.float(), b16.float())
+            for x in xs]
+    calls = []
+    real = gemv._call
+    fresh_choice.setattr(gemv, "_call", lambda *a: calls.append(a[-1]) or real(*a))
+    for x, ref in zip(xs, want):
+        assert torch.equal(gemv.linear(x, w16, b16), ref), len(x)
+    assert calls == [1, 3, 8, 16]
+    x = torch.randn(2, 64, generator=g)
+    fresh_choice.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(gemv.linear(x, w16), F.linear(x, w16.float()))
+    fresh_choice.undo()
+    xg = torch.randn(2, 64, requires_grad=True)
+    gemv.linear(xg, w16).sum().backward()
+    assert xg.grad is not None
+    assert gemv.linear(x.bfloat16(), w16).dtype == torch.bfloat16
 
 
 def test_linear_dispatch_by_rows_dtype_and_autograd(fresh_choice):

@@ -62,8 +62,9 @@ def _vma_flags(address: int) -> dict[str, str]:
     raise AssertionError("address not mapped")
 
 
+@pytest.mark.parametrize("storage", ["bf16", "compute"])
 @pytest.mark.parametrize("loader", ["load_model", "vllm_worker"])
-def test_loaders_place_streamed_matrices_in_huge_pages(tiny_ckpt, monkeypatch, loader):
+def test_loaders_place_streamed_matrices_in_huge_pages(tiny_ckpt, monkeypatch, loader, storage):
     if not hp.hugepages_choice(env="auto").enabled:
         pytest.skip("transparent huge pages unavailable here")
     from omnilab.config import Qwen3TTSConfig
@@ -78,6 +79,9 @@ def test_loaders_place_streamed_matrices_in_huge_pages(tiny_ckpt, monkeypatch, l
             return load_model(path, dtype="float32", load_code2wav=False).talker
         return load_talker_weights(path, cfg, torch.float32)
 
+    from omnilab.kernels import storage as st
+
+    monkeypatch.setenv(st.ENV, storage)
     monkeypatch.setenv(hp.ENV, "on")
     talker = load()
     monkeypatch.setenv(hp.ENV, "off")
@@ -87,7 +91,7 @@ def test_loaders_place_streamed_matrices_in_huge_pages(tiny_ckpt, monkeypatch, l
     params = dict(talker.named_parameters())
     inside = {n for n, p in params.items() if p in arena}
     assert inside == {n for n in params if hp.talker_streamed_name(n)} and len(inside) > 10
-    assert all(params[n].dtype == torch.float32 for n in inside)
+    assert all(params[n].dtype == (torch.bfloat16 if storage == "bf16" else torch.float32) for n in inside)
     ref = plain.state_dict()
     for name, t in talker.state_dict().items():  # same values, names, dtypes as torch's allocations
         assert t.dtype == ref[name].dtype and torch.equal(t, ref[name]), name

@@ -70,6 +70,7 @@ def test_workers_under_auto_profile_read_back_equal_the_plan(tiny_ckpt, eager_co
         assert set(talker["affinity"]) <= set(prof.cpus("talker"))  # the main thread is OpenMP thread 0, pinned
         assert talker["torch_threads"] == prof.threads("talker")
         assert talker["gemv"] == pipe.deployment.gemv.label  # the worker resolved the same decode-linear kernel
+        assert talker["weights"] == pipe.deployment.weights.label  # ... and stores the decode matrices the same way
         assert talker["omp_num_threads"] == str(prof.threads("talker"))
         assert set(read_process(roles["talker"]).pinned_cpus) == set(prof.cpus("talker"))
         for stage in ("talker", "code2wav"):  # the planned preload (libiomp5 / tcmalloc) is mapped in
