@@ -169,6 +169,7 @@ MODIFIERS = {
     "+torch-gemv": ("OMNILAB_CPU_GEMV", "torch"),   # every linear on torch (MKL), not omnilab's 4-8 row kernel
     "+huge-pages": ("OMNILAB_HUGEPAGES", "on"),     # decode weights in a huge-page arena (opt-in)
     "+fp32-weights": ("OMNILAB_DECODE_WEIGHTS", "compute"),  # fp32 copies of the bf16 decode matrices
+    "+avx2-gemv": ("OMNILAB_CPU_GEMV", "omnilab-avx2"),  # the AVX2 build of the kernel (what AVX2-only CPUs run)
 }
 
 
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
     flush_denormals()
     results = {"meta": {"checkpoint": args.checkpoint, "frames": args.frames, "threads": args.threads,
                         "inductor": os.environ.get("OMNILAB_CPU_INDUCTOR", "0"), "compile_talker": args.compile_talker,
-                        "load_start": os.getloadavg(), "cpus": sorted(os.sched_getaffinity(0))}}
+                        "load_start": os.getloadavg(), "cpus": sorted(os.sched_getaffinity(0)), "isa_env": _isa_env()}}
     from omnilab import bench_drivers as drv
     bpf = drv.bytes_per_frame(args.checkpoint, 4)
     results["meta"]["bytes_per_frame"] = bpf
@@ -358,6 +359,12 @@ def main(argv=None) -> int:
     _print_table(results, names)
     print(json.dumps(_headline(results)))
     return 0
+
+
+def _isa_env() -> dict[str, str]:
+    """Variables that cap the ISA of torch / MKL / oneDNN (set them to emulate an AVX2-only CPU)."""
+    return {k: os.environ[k] for k in ("MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+            if k in os.environ}
 
 
 def interleave(names: list[str], args) -> int:
@@ -403,7 +410,7 @@ def interleave(names: list[str], args) -> int:
     print(f"floor ms per round: {[round(f, 1) for f in floors]}")
     out = {"bench": "vllm_stage_interleaved", "checkpoint": args.checkpoint, "rounds": args.interleave,
            "floor_ms": [round(f, 1) for f in floors],
-           "frames": args.frames, "threads": args.threads, "median": res,
+           "frames": args.frames, "threads": args.threads, "isa_env": _isa_env(), "median": res,
            "step_ratio": {n: round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3) for n in names},
            "weights": {n: p.deployment.weights.label for n, p in pipes.items()},
            "runs": runs}

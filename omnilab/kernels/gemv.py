@@ -212,11 +212,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def _linear_bf16_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """fp32 ``x`` over a bf16-stored ``weight``: the kernel expands the weights exactly in registers; where
-    it does not apply, the matrix is converted (exact) for this call and torch computes in fp32."""
+    it does not apply, the matrix is converted (exact) for this call and torch computes in fp32. Under
+    torch.compile (vLLM's talker compile path, ``OMNILAB_CPU_INDUCTOR``) it is one opaque custom op, so the
+    compiled graph calls the same code instead of converting the matrix in every step."""
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()
     if torch.compiler.is_compiling():
-        return F.linear(x, weight.float(), bias)
+        return torch.ops.omnilab.linear_bf16_weight(x, weight, bias)
+    return _bf16_weight_eager(x, weight, bias)
+
+
+def _bf16_weight_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     lib = _LIB if _CHOICE is not None else (gemv_choice() and _LIB)
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
@@ -226,3 +232,13 @@ def _linear_bf16_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
             or (torch.is_grad_enabled() and x.requires_grad)):
         return F.linear(x, weight.float(), bias)
     return _call(lib, x, weight, bias, rows)
+
+
+@torch.library.custom_op("omnilab::linear_bf16_weight", mutates_args=())
+def _bf16_weight_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return _bf16_weight_eager(x, weight, bias)
+
+
+@_bf16_weight_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])

@@ -106,3 +106,26 @@ def test_batched_rows_use_the_gemv_kernel_and_do_not_depend_on_batch_mates(monke
     codes_b, logits_b = cp.generate(h[other], c0e[other], GREEDY, return_logits=True)
     assert torch.equal(logits_a[:3], logits_b[:3]) and torch.equal(codes_a[:3], codes_b[:3])
     assert not torch.equal(logits_a[3], logits_b[3])
+
+
+@pytest.mark.slow
+def test_compiled_mlps_over_bf16_stored_matrices_give_the_same_codes():
+    """``compile_mlps`` (OMNILAB_CPU_INDUCTOR) on a predictor whose matrices are stored in bf16: the compiled
+    MLPs call the same bf16-weight linear (one opaque op), so logits and codes are bitwise unchanged."""
+    from omnilab.kernels import gemv_choice
+    from omnilab.kernels.storage import talker_streamed_name
+    from omnilab.stages.vllm_runner import compile_mlps
+
+    if gemv_choice().mode != "omnilab":
+        pytest.skip("no GEMV kernel here")
+    _, t = make(seed=5)
+    with torch.no_grad():
+        for name, p in t.named_parameters():
+            if talker_streamed_name(name):
+                p.data = p.data.bfloat16()
+    cp = t.code_predictor
+    h, c0e = inputs(t, 2, seed=2)
+    codes, logits = cp.generate(h, c0e, GREEDY, return_logits=True)
+    assert compile_mlps(cp) == len(cp.model.layers)
+    got_codes, got_logits = cp.generate(h, c0e, GREEDY, return_logits=True)
+    assert torch.equal(got_codes, codes) and torch.equal(got_logits, logits)
