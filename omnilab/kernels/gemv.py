@@ -197,17 +197,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
     lib = _LIB if _CHOICE is not None else (gemv_choice() and _LIB)
-    if lib is None:
-        return F.linear(x, weight, bias)
+    fp32 = (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32))
+    rows = _kernel_rows(lib, x, weight, bias, MIN_ROWS, MAX_ROWS) if fp32 else 0
+    return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight, bias)  # else torch (or its error)
+
+
+def _kernel_rows(lib: _Lib | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 lo: int, hi: int) -> int:
+    """The row count of ``x`` if the kernel can take this call (``lo..hi`` rows, shapes that fit, contiguous
+    weight, CPU tensors, no autograd), else 0. Dtypes are the caller's check."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    if (rows < MIN_ROWS or rows > MAX_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous()  # else torch (or its error)
-            or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.shape[0],)))
+    if (lib is None or not lo <= rows <= hi or weight.dim() != 2 or weight.shape[1] != k
+            or not weight.is_contiguous() or (bias is not None and bias.shape != (weight.shape[0],))
             or x.device.type != "cpu" or weight.device.type != "cpu"
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-        return F.linear(x, weight, bias)
-    return _call(lib, x, weight, bias, rows)
+        return 0
+    return rows
 
 
 def _linear_bf16_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -224,14 +230,8 @@ def _linear_bf16_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 def _bf16_weight_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     lib = _LIB if _CHOICE is not None else (gemv_choice() and _LIB)
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    if (lib is None or not 1 <= rows <= BF16_MAX_ROWS or weight.dim() != 2 or weight.shape[1] != k
-            or not weight.is_contiguous() or (bias is not None and bias.shape != (weight.shape[0],))
-            or x.device.type != "cpu" or weight.device.type != "cpu"
-            or (torch.is_grad_enabled() and x.requires_grad)):
-        return F.linear(x, weight.float(), bias)
-    return _call(lib, x, weight, bias, rows)
+    rows = _kernel_rows(lib, x, weight, bias, 1, BF16_MAX_ROWS)
+    return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight.float(), bias)
 
 
 @torch.library.custom_op("omnilab::linear_bf16_weight", mutates_args=())
