@@ -41,6 +41,7 @@ class Deployment:
     gemv: Any = None               # omnilab.kernels.GemvChoice of this process (set by Pipeline.from_pretrained)
     hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
     weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
+    snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
 
     def rows(self) -> list[tuple[str, str]]:
         p = self.profile
@@ -57,6 +58,8 @@ class Deployment:
             out.append(("decode weights", f"{self.weights.label}: {self.weights.reason}"))
         if self.hugepages is not None:
             out.append(("decode weight pages", f"{self.hugepages.label}: {self.hugepages.reason}"))
+        if self.snake is not None:
+            out.append(("code2wav activation", f"{self.snake.label}: {self.snake.reason}"))
         return out
 
     def __repr__(self) -> str:

@@ -152,12 +152,13 @@ class Pipeline:
             torch.set_num_threads(dep.num_threads)
         from omnilab.kernels import gemv_choice
         from omnilab.kernels.hugepages import hugepages_choice
+        from omnilab.kernels.snake import snake_choice
         from omnilab.kernels.storage import weight_storage_choice
         from omnilab.loading import resolve_dtype
-        # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES / OMNILAB_DECODE_WEIGHTS fails now (before
-        # any worker starts); builds the kernel once per machine
+        # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES / OMNILAB_DECODE_WEIGHTS / OMNILAB_CPU_SNAKE
+        # fails now (before any worker starts); builds the kernels once per machine
         dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(),
-                                  weights=weight_storage_choice(resolve_dtype(dep.dtype)[0]))
+                                  weights=weight_storage_choice(resolve_dtype(dep.dtype)[0]), snake=snake_choice())
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm_deploy import build_stages, client_load_options

@@ -11,6 +11,7 @@ processes of the run (client + children, sampled every 0.2 s). Prints a table an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -170,6 +171,7 @@ MODIFIERS = {
     "+huge-pages": ("OMNILAB_HUGEPAGES", "on"),     # decode weights in a huge-page arena (opt-in)
     "+fp32-weights": ("OMNILAB_DECODE_WEIGHTS", "compute"),  # fp32 copies of the bf16 decode matrices
     "+avx2-gemv": ("OMNILAB_CPU_GEMV", "omnilab-avx2"),  # the AVX2 build of the kernel (what AVX2-only CPUs run)
+    "+torch-snake": ("OMNILAB_CPU_SNAKE", "torch"),  # code2wav's SnakeBeta as torch's 4 passes, not the fused kernel
 }
 
 
@@ -191,12 +193,13 @@ def split_name(name: str) -> tuple[str, dict[str, str]]:
 def apply_env(name: str) -> None:
     """Set this backend's modifier variables (and clear the others) before it is built; the GEMV choice of
     this process is re-resolved."""
-    from omnilab.kernels import gemv
+    from omnilab.kernels import gemv, snake
     env = split_name(name)[1]
     for var, _ in MODIFIERS.values():
         os.environ.pop(var, None)
     os.environ.update(env)
     gemv.reset()
+    snake.reset()
 
 
 def build(name: str, ckpt: str, args):
@@ -367,44 +370,67 @@ def _isa_env() -> dict[str, str]:
             if k in os.environ}
 
 
+def _modes(name: str):
+    """This backend's GEMV and SnakeBeta modes as one context (switched per run in ``--interleave``)."""
+    from omnilab.kernels import use_gemv
+    from omnilab.kernels.snake import use_snake
+    env = split_name(name)[1]
+    stack = contextlib.ExitStack()
+    stack.enter_context(use_gemv(env.get("OMNILAB_CPU_GEMV", "auto")))
+    stack.enter_context(use_snake(env.get("OMNILAB_CPU_SNAKE", "auto")))
+    return stack
+
+
 def interleave(names: list[str], args) -> int:
-    """Alternate single-stream runs of in-process backends held side by side (see ``--interleave``)."""
+    """Alternate runs of in-process backends held side by side (see ``--interleave``): per round, each backend
+    streams one request and then, with ``--concurrency`` > 1, that many together."""
     if any(n.startswith("vllm-workers") for n in names):
         raise SystemExit("--interleave takes in-process backends only (workers bind CPUs for their lifetime)")
     from omnilab.pipeline import flush_denormals
     flush_denormals()
-    from omnilab.kernels import use_gemv
-    modes = {n: split_name(n)[1].get("OMNILAB_CPU_GEMV", "auto") for n in names}
     pipes = {}
     for n in names:
-        apply_env(n)  # the weight placement is fixed at load; the GEMV mode is switched per run below
+        apply_env(n)  # the weight placement is fixed at load; the kernel modes are switched per run below
         pipes[n] = build(n, args.checkpoint, args)
     for n, p in pipes.items():
-        with use_gemv(modes[n]):
+        with _modes(n):
             run_streams(p, 1, 4)  # warm-up
     from omnilab import bench_drivers as drv
     bpf = drv.bytes_per_frame(args.checkpoint, 4)
     runs: dict[str, list[dict]] = {n: [] for n in names}
+    many: dict[str, list[dict]] = {n: [] for n in names}
     floors = []
     for r in range(args.interleave):
         floors.append(drv.measure_frame_floor(bpf, threads=args.threads, reps=2)["floor_ms"])
         # the order rotates every round, so position effects (running first, right after the floor measurement
         # frees its 2 GB of matrices) average out instead of landing on one backend
         for n in names[r % len(names):] + names[:r % len(names)]:
-            with use_gemv(modes[n]):
+            with _modes(n):
                 runs[n].append(run_streams(pipes[n], 1, args.frames))
+                if args.concurrency > 1:
+                    many[n].append(run_streams(pipes[n], args.concurrency, args.frames))
+                    many[n][-1]["speedup"] = round(many[n][-1]["frames_per_s"] / runs[n][-1]["frames_per_s"], 3)
             runs[n][-1]["floor_ratio"] = round(runs[n][-1]["decode_step_ms"] / floors[-1], 3)
         print(f"round {r + 1}: floor {floors[-1]:.0f} ms  " + "  ".join(
-            f"{n} {runs[n][-1]['decode_step_ms']:.0f} ms (x{runs[n][-1]['floor_ratio']:.2f})" for n in names), flush=True)
+            f"{n} {runs[n][-1]['decode_step_ms']:.0f} ms (x{runs[n][-1]['floor_ratio']:.2f})"
+            + (f" {args.concurrency} streams x{many[n][-1]['speedup']:.2f}" if many[n] else "") for n in names),
+            flush=True)
     for p in pipes.values():
         p.close()
     keys = ("decode_step_ms", "floor_ratio", "talker_forward_ms", "predictor_ms", "code2wav_ms_per_frame", "ttfa_ms",
             "rtf")
     res = {n: {k: _med([x[k] for x in runs[n] if x.get(k) is not None]) for k in keys} for n in names}
+    if args.concurrency > 1:
+        for n in names:
+            res[n].update({f"concurrent_{k}": _med([x[k] for x in many[n]])
+                           for k in ("decode_step_ms", "code2wav_ms_per_frame", "frames_per_s", "speedup")})
+            res[n]["single_frames_per_s"] = _med([x["frames_per_s"] for x in runs[n]])
+        keys = keys + ("single_frames_per_s", "concurrent_decode_step_ms", "concurrent_code2wav_ms_per_frame",
+                       "concurrent_frames_per_s", "concurrent_speedup")
     base = names[0]
     print("\nmedian over rounds".ljust(24) + "".join(n.rjust(16) for n in names))
     for k in keys:
-        print(k.ljust(24) + "".join(str(res[n][k]).rjust(16) for n in names))
+        print(k[:23].ljust(24) + "".join(str(res[n][k]).rjust(16) for n in names))
     print(f"step ratio to {base}".ljust(24) + "".join(
         str(round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3)).rjust(16) for n in names))
     print(f"floor ms per round: {[round(f, 1) for f in floors]}")
@@ -413,7 +439,7 @@ def interleave(names: list[str], args) -> int:
            "frames": args.frames, "threads": args.threads, "isa_env": _isa_env(), "median": res,
            "step_ratio": {n: round(res[n]["decode_step_ms"] / res[base]["decode_step_ms"], 3) for n in names},
            "weights": {n: p.deployment.weights.label for n, p in pipes.items()},
-           "runs": runs}
+           "concurrency": args.concurrency, "runs": runs, "concurrent_runs": many}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps({k: out[k] for k in ("bench", "rounds", "median", "step_ratio")}))

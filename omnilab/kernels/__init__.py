@@ -7,6 +7,7 @@
   take the kernel for 1..16 rows (the bf16 expanded exactly in registers).
 - :mod:`omnilab.kernels.storage`: an fp32 talker keeps its decode matrices in the checkpoint's bf16 (half
   the bytes per decode step); ``OMNILAB_DECODE_WEIGHTS=auto|bf16|compute``.
+- :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
 - :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
 """
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa

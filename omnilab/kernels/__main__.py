@@ -1,5 +1,5 @@
 """``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why, and
-how an fp32 talker's decode matrices would be stored."""
+how an fp32 talker's decode matrices would be stored, and which SnakeBeta code2wav runs."""
 from omnilab.kernels import gemv_choice
 
 if __name__ == "__main__":
@@ -14,3 +14,7 @@ if __name__ == "__main__":
     w = weight_storage_choice(torch.float32)
     print(f"decode weights of an fp32 talker: {w.label} ({w.source})")
     print(f"  reason: {w.reason}")
+    from omnilab.kernels.snake import snake_choice
+    s = snake_choice()
+    print(f"code2wav SnakeBeta: {s.label} ({s.source})")
+    print(f"  reason: {s.reason}")

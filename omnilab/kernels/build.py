@@ -18,6 +18,8 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
+LINK_FLAGS = {"snake": ("-lmvec",)}  # per source: glibc's vector math (sinf) for the fused SnakeBeta
+KERNEL_MODES = ("auto", "omnilab", "omnilab-avx512", "omnilab-avx2", "torch")
 
 
 class KernelBuildError(RuntimeError):
@@ -31,6 +33,22 @@ def select_isa(flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
     if {"avx2", "fma"} <= set(flags):
         return "avx2", "CPU has avx2 + fma (8-lane fp32 FMA), no avx512f"
     return None, "CPU has neither avx512f nor avx2 + fma"
+
+
+def kernel_isa(var: str, mode: str, flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
+    """``(isa, reason)`` for a kernel mode of :data:`KERNEL_MODES` other than ``torch``: the CPU's widest ISA
+    for ``auto`` / ``omnilab``, the named one for ``omnilab-avx512`` / ``omnilab-avx2``. ``None`` (use torch)
+    only for ``auto`` on a CPU with neither; an explicit mode the CPU cannot meet raises ``RuntimeError``
+    naming ``var``."""
+    isa, reason = select_isa(flags)
+    if mode in ("omnilab-avx512", "omnilab-avx2"):
+        wanted = mode.split("-", 1)[1]
+        if isa is None or (wanted == "avx512" and isa != "avx512"):
+            raise RuntimeError(f"{var}={mode} needs a CPU with {wanted}; {reason}")
+        return wanted, f"{var}={mode}"
+    if isa is None and mode == "omnilab":
+        raise RuntimeError(f"{var}=omnilab: the kernel needs avx512f or avx2 + fma; {reason}")
+    return isa, reason
 
 
 def find_compiler() -> str | None:
@@ -56,7 +74,7 @@ def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Pa
     if isa not in ISA_FLAGS:
         raise ValueError(f"unknown ISA {isa!r}; accepted: {', '.join(ISA_FLAGS)}")
     src = (SOURCE_DIR / f"{name}.cpp").read_bytes()
-    flags = COMMON_FLAGS + ISA_FLAGS[isa]
+    flags = COMMON_FLAGS + ISA_FLAGS[isa] + LINK_FLAGS.get(name, ())
     digest = hashlib.sha256(src + " ".join(flags).encode() + _compiler_version(cxx).encode()).hexdigest()[:12]
     return (cache or cache_dir() / "kernels") / f"{name}-{isa}-{digest}.so"
 
@@ -77,7 +95,8 @@ def build_library(name: str, isa: str, *, cxx: str | None = None, cache: Path | 
             return out
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], str(SOURCE_DIR / f"{name}.cpp"), "-o", tmp]
+        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], str(SOURCE_DIR / f"{name}.cpp"), *LINK_FLAGS.get(name, ()),
+               "-o", tmp]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if res.returncode != 0:

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from omnilab.kernels.build import KernelBuildError, build_library, select_isa
+from omnilab.kernels.build import KERNEL_MODES, KernelBuildError, build_library, kernel_isa
 
 ENV = "OMNILAB_CPU_GEMV"
-MODES = ("auto", "omnilab", "omnilab-avx512", "omnilab-avx2", "torch")
+MODES = KERNEL_MODES
 MIN_ROWS, MAX_ROWS = 4, 8  # rows (tokens) per call that take the kernel; see the module docstring
 # bf16-stored weights with fp32 inputs: the kernel for 1..16 rows (two 8-row passes over the half-size
 # weights beat converting them); more rows (prefill) convert the matrix and use torch's GEMM, which is
@@ -96,15 +96,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     if flags is None:
         from omnilab.hardware import cpu_flags
         flags = cpu_flags()
-    isa, isa_reason = select_isa(flags)
-    if raw in ("omnilab-avx512", "omnilab-avx2"):
-        wanted = raw.split("-", 1)[1]
-        if isa is None or (wanted == "avx512" and isa != "avx512"):
-            raise RuntimeError(f"{ENV}={raw} needs a CPU with {wanted}; {isa_reason}")
-        isa, isa_reason = wanted, f"{ENV}={raw}"
-    elif isa is None:
-        if raw == "omnilab":
-            raise RuntimeError(f"{ENV}=omnilab: the kernel needs avx512f or avx2 + fma; {isa_reason}")
+    isa, isa_reason = kernel_isa(ENV, raw, flags)
+    if isa is None:
         return GemvChoice("torch", None, None, f"{isa_reason}: torch (MKL) for every row count", source), None
     try:
         lib = _Lib(build_library("gemv", isa))

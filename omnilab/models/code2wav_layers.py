@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnilab.kernels.snake import snake_beta
 from omnilab.models.layers import RMSNorm, SwiGLU, apply_rope
 
 
@@ -167,9 +168,7 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: torch.Tensor, st: dict | None = None, inplace: bool = False) -> torch.Tensor:  # [B, C, L]
         a, inv_b = self.coefficients()
-        s = (x * a).sin_()
-        s.mul_(s)
-        return x.addcmul_(s, inv_b) if inplace else torch.addcmul(x, s, inv_b)
+        return snake_beta(x, a, inv_b, inplace)  # one fused pass where omnilab's kernel applies
 
 
 class ResidualUnit(nn.Module):

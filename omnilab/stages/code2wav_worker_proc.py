@@ -151,6 +151,8 @@ def _handle(msg, model, states, conn, t_recv, as_codes, spf) -> bool:
 
 def _info(states: dict) -> dict[str, Any]:
     import torch
+
+    from omnilab.kernels.snake import snake_choice
     tasks = {}
     with contextlib.suppress(OSError):
         for tid in os.listdir("/proc/self/task"):
@@ -160,4 +162,4 @@ def _info(states: dict) -> dict[str, Any]:
                         tasks[int(tid)] = line.split(":", 1)[1].strip()
     return {"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "sessions": sorted(map(str, states)),
-            "thread_cpus": tasks}
+            "thread_cpus": tasks, "snake": snake_choice().label}

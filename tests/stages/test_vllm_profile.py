@@ -79,6 +79,8 @@ def test_workers_under_auto_profile_read_back_equal_the_plan(tiny_ckpt, eager_co
                 assert os.path.realpath(lib) in maps or lib in maps, f"{lib} not loaded in the {stage} worker"
         c2w = pipe.code2wav.info()
         assert tuple(c2w["affinity"]) == prof.cpus("code2wav") and c2w["torch_threads"] == prof.threads("code2wav")
+        assert c2w["snake"] == pipe.deployment.snake.label  # the code2wav worker runs the same SnakeBeta
+        assert dict(pipe.deployment.rows())["code2wav activation"].startswith(pipe.deployment.snake.label)
         np.testing.assert_array_equal(pipe.generate(TEXT, **KW).codes, eager_codes)
         # step-wise across processes: the hidden state comes back when asked for, from the first frame on
         rid = pipe.talker.start(TEXT, **KW)
