@@ -6,6 +6,11 @@ RTF = wall / audio for 1 stream and aggregate frames/s for N concurrent streams 
 chunked like ``Pipeline.stream``: first chunk 1 frame, then 25), and the peak resident memory of all
 processes of the run (client + children, sampled every 0.2 s). Prints a table and writes JSON.
 
+N-stream ratios: ``concurrent_speedup`` (end to end: all frames / wall, prefills and code2wav included),
+``steady_speedup`` (decode steps only), ``talker_speedup`` (the talker stage: frames / time in talker steps,
+prefills included) and ``e2e_ceiling`` (the end-to-end ratio if N rows cost one row's step; code2wav is
+compute bound per stream and caps it).
+
     OMNILAB_CPU_INDUCTOR=1 python scripts/bench_vllm.py --checkpoint DIR --frames 40 --concurrency 4
 """
 from __future__ import annotations
@@ -151,6 +156,9 @@ def run_streams(pipe, n: int, frames: int, schedule=(1, 25)) -> dict:
         out["overhead_ms"] = _med([o for o, _ in ovs])
         out["overhead_pct"] = _med([100 * o / b for o, b in ovs])
     out["steady_frames_per_s"] = round(1e3 * n / out["decode_step_ms"], 3) if out["decode_step_ms"] else None
+    # the talker stage alone: frames over the time spent in talker steps (prefills included, code2wav excluded)
+    talker_s = sum(x["step_ms"] for x in steps) / 1e3
+    out["talker_frames_per_s"] = round(total_frames / talker_s, 3) if talker_s else None
     return out
 
 
@@ -167,12 +175,15 @@ BACKENDS = {
 # Suffixes for any backend (combinable): the environment each sets while the backend is built (and, for
 # worker processes, for their lifetime).
 MODIFIERS = {
-    "+torch-gemv": ("OMNILAB_CPU_GEMV", "torch"),   # every linear on torch (MKL), not omnilab's 4-8 row kernel
-    "+huge-pages": ("OMNILAB_HUGEPAGES", "on"),     # decode weights in a huge-page arena (opt-in)
-    "+fp32-weights": ("OMNILAB_DECODE_WEIGHTS", "compute"),  # fp32 copies of the bf16 decode matrices
-    "+avx2-gemv": ("OMNILAB_CPU_GEMV", "omnilab-avx2"),  # the AVX2 build of the kernel (what AVX2-only CPUs run)
-    "+torch-snake": ("OMNILAB_CPU_SNAKE", "torch"),  # code2wav's SnakeBeta as torch's 4 passes, not the fused kernel
+    "+torch-gemv": {"OMNILAB_CPU_GEMV": "torch"},   # every linear on torch (MKL), not omnilab's 4-8 row kernel
+    "+huge-pages": {"OMNILAB_HUGEPAGES": "on"},     # decode weights in a huge-page arena (opt-in)
+    "+fp32-weights": {"OMNILAB_DECODE_WEIGHTS": "compute"},  # fp32 copies of the bf16 decode matrices
+    "+avx2-gemv": {"OMNILAB_CPU_GEMV": "omnilab-avx2"},  # the AVX2 build of the GEMV kernel
+    "+torch-snake": {"OMNILAB_CPU_SNAKE": "torch"},  # code2wav's SnakeBeta as torch's 4 passes, not the fused kernel
+    # the AVX2 builds of both kernels (what an AVX2-only CPU runs; add the MKL/ATen/oneDNN caps of _isa_env)
+    "+avx2-kernels": {"OMNILAB_CPU_GEMV": "omnilab-avx2", "OMNILAB_CPU_SNAKE": "omnilab-avx2"},
 }
+MODIFIER_VARS = sorted({var for env in MODIFIERS.values() for var in env})
 
 
 def split_name(name: str) -> tuple[str, dict[str, str]]:
@@ -181,9 +192,10 @@ def split_name(name: str) -> tuple[str, dict[str, str]]:
     changed = True
     while changed:
         changed = False
-        for suffix, (var, value) in MODIFIERS.items():
+        for suffix, values in MODIFIERS.items():
             if base.endswith(suffix):
-                base, env[var], changed = base[: -len(suffix)], value, True
+                base, changed = base[: -len(suffix)], True
+                env.update(values)
     if base not in BACKENDS:
         raise SystemExit(f"unknown backend {name!r}; accepted: {', '.join(BACKENDS)}, each with optional suffixes "
                          f"{', '.join(MODIFIERS)}")
@@ -195,7 +207,7 @@ def apply_env(name: str) -> None:
     this process is re-resolved."""
     from omnilab.kernels import gemv, snake
     env = split_name(name)[1]
-    for var, _ in MODIFIERS.values():
+    for var in MODIFIER_VARS:
         os.environ.pop(var, None)
     os.environ.update(env)
     gemv.reset()
@@ -286,7 +298,8 @@ def _print_table(results: dict, names) -> None:
         for k in keys:
             row = [results[n][mode].get(k) if results[n].get(mode) else None for n in names]
             print(f"{mode[:4]} {k}".ljust(24) + "".join(str(v).rjust(16) for v in row))
-    for k in ("floor_ms", "concurrent_speedup", "steady_speedup", "peak_rss_total_gib", "init_s"):
+    for k in ("floor_ms", "concurrent_speedup", "steady_speedup", "talker_speedup", "e2e_ceiling", "peak_rss_total_gib",
+              "init_s"):
         print(k.ljust(24) + "".join(str(results[n].get(k)).rjust(16) for n in names))
 
 
@@ -354,6 +367,8 @@ def main(argv=None) -> int:
         if many:
             r["concurrent_speedup"] = round(many["frames_per_s"] / one["frames_per_s"], 3)
             r["steady_speedup"] = round(many["steady_frames_per_s"] / one["steady_frames_per_s"], 3)
+            r["talker_speedup"] = round(many["talker_frames_per_s"] / one["talker_frames_per_s"], 3)
+            r["e2e_ceiling"] = e2e_ceiling(one, many)
         results[name] = r
         print(name, json.dumps(r, indent=1), flush=True)
     results["meta"]["load_end"] = os.getloadavg()
@@ -362,6 +377,14 @@ def main(argv=None) -> int:
     _print_table(results, names)
     print(json.dumps(_headline(results)))
     return 0
+
+
+def e2e_ceiling(one: dict, many: dict) -> float | None:
+    """The most the end-to-end steady ratio could be if N streams' talker step cost no more than one stream's
+    (weights read once, nothing else per row): ``N (S1 + C1) / (S1 + N C_N)``, S = talker step, C = code2wav ms
+    per frame. code2wav is compute bound per stream, so its share does not shrink with N."""
+    s1, c1, cn, n = one["decode_step_ms"], one["code2wav_ms_per_frame"], many["code2wav_ms_per_frame"], many["streams"]
+    return round(n * (s1 + c1) / (s1 + n * cn), 3) if s1 and c1 and cn else None
 
 
 def _isa_env() -> dict[str, str]:
@@ -410,6 +433,9 @@ def interleave(names: list[str], args) -> int:
                 if args.concurrency > 1:
                     many[n].append(run_streams(pipes[n], args.concurrency, args.frames))
                     many[n][-1]["speedup"] = round(many[n][-1]["frames_per_s"] / runs[n][-1]["frames_per_s"], 3)
+                    many[n][-1]["talker_speedup"] = round(many[n][-1]["talker_frames_per_s"]
+                                                          / runs[n][-1]["talker_frames_per_s"], 3)
+                    many[n][-1]["e2e_ceiling"] = e2e_ceiling(runs[n][-1], many[n][-1])
             runs[n][-1]["floor_ratio"] = round(runs[n][-1]["decode_step_ms"] / floors[-1], 3)
         print(f"round {r + 1}: floor {floors[-1]:.0f} ms  " + "  ".join(
             f"{n} {runs[n][-1]['decode_step_ms']:.0f} ms (x{runs[n][-1]['floor_ratio']:.2f})"
@@ -423,10 +449,12 @@ def interleave(names: list[str], args) -> int:
     if args.concurrency > 1:
         for n in names:
             res[n].update({f"concurrent_{k}": _med([x[k] for x in many[n]])
-                           for k in ("decode_step_ms", "code2wav_ms_per_frame", "frames_per_s", "speedup")})
+                           for k in ("decode_step_ms", "code2wav_ms_per_frame", "frames_per_s", "speedup",
+                                     "talker_speedup", "e2e_ceiling")})
             res[n]["single_frames_per_s"] = _med([x["frames_per_s"] for x in runs[n]])
         keys = keys + ("single_frames_per_s", "concurrent_decode_step_ms", "concurrent_code2wav_ms_per_frame",
-                       "concurrent_frames_per_s", "concurrent_speedup")
+                       "concurrent_frames_per_s", "concurrent_speedup", "concurrent_talker_speedup",
+                       "concurrent_e2e_ceiling")
     base = names[0]
     print("\nmedian over rounds".ljust(24) + "".join(n.rjust(16) for n in names))
     for k in keys:
@@ -459,6 +487,7 @@ def _headline(results: dict) -> dict:
                      "overhead_pct": one.get("overhead_pct"), "code2wav_ms_per_frame": one.get("code2wav_ms_per_frame"),
                      "ttfa_ms": one.get("ttfa_ms"), "rtf": one.get("rtf"), "floor_ms": r.get("floor_ms"),
                      "conc_speedup": r.get("concurrent_speedup"), "steady_speedup": r.get("steady_speedup"),
+                     "talker_speedup": r.get("talker_speedup"), "e2e_ceiling": r.get("e2e_ceiling"),
                      "conc_rtf": many.get("rtf"), "peak_rss_gib": r.get("peak_rss_total_gib")}
     return out
 

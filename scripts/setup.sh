@@ -35,5 +35,5 @@ if bad:
 import omnilab  # noqa: F401
 print(f"[setup] ok: python {sys.version.split()[0]}, torch {torch.__version__}, omnilab importable")
 PY
-# Build omnilab's C++ decode-linear kernel now (cached under $OMNILAB_CACHE/kernels; ~1 s with g++).
+# Build omnilab's C++ kernels now (decode linears, code2wav's SnakeBeta; cached under $OMNILAB_CACHE/kernels; ~1 s each with g++).
 .venv/bin/python -m omnilab.kernels | sed 's/^/[setup] /'
