@@ -2,8 +2,8 @@
 //
 // x, y: [rows, L] fp32 with rows = B * C (row r is channel r % C); alpha, inv_beta: [C] (already exp'd / inverted
 // by the caller). torch needs four passes and two temporaries for this (mul, sin, square, addcmul); the
-// decoder runs it 25 times per chunk over activations of up to 96 x 48000 floats, so the passes, not the sine,
-// cost most. y may alias x (in place).
+// decoder runs it 29 times per 25-frame block over activations of up to 96 x 48000 floats, so the passes,
+// not the sine, cost most. y may alias x (in place).
 //
 // sin is glibc's vector sinf (libmvec, x86_64 vector ABI: _ZGVeN16v_sinf / _ZGVdN8v_sinf, within 4 ulp,
 // correct for every finite argument). Every element, tails included (masked / padded vectors), goes through
