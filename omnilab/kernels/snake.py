@@ -4,7 +4,7 @@ Why: code2wav is compute bound on CPU and runs this activation 29 times per 25-f
 of up to 96 channels x 48,000 samples. torch needs four passes and two temporaries for it (mul, sin,
 square, addcmul); ``snake.cpp`` reads ``x`` once and writes ``y`` once, with glibc's vector ``sinf`` (libmvec,
 within 4 ulp of the exact sine; torch's is within 1 ulp). Measured on the released decoder geometry, 2
-threads: 1.7-3x faster per call, 4-11 % off code2wav's time per frame in alternated runs.
+threads: 1.7-3x faster per call, 4-14 % off code2wav's time per frame in alternated runs.
 
 Numerics: an element's result depends only on its value and its channel (tails use the same vector call),
 so it does not depend on the chunk length, the chunk start, the batch or the thread count; against torch's
