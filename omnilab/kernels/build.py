@@ -13,7 +13,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
@@ -49,6 +51,38 @@ def kernel_isa(var: str, mode: str, flags: frozenset[str] | set[str]) -> tuple[s
     if isa is None and mode == "omnilab":
         raise RuntimeError(f"{var}=omnilab: the kernel needs avx512f or avx2 + fma; {reason}")
     return isa, reason
+
+
+def resolve_kernel(var: str, what: str, name: str, loader: Callable[[Path], Any], torch_note: str,
+                   env: str | None = None, flags: frozenset[str] | None = None) -> tuple[Any, str, str]:
+    """Resolve the kernel choice variable ``var`` (one of :data:`KERNEL_MODES`; ``env`` replaces its value) for
+    the ``name`` kernels: ``(lib, reason, source)``, ``lib = loader(built library)`` or ``None`` for torch.
+
+    ``source`` is ``"auto"`` or ``"env"``. A torch result's reason ends with ``torch_note``; a kernel's reason
+    is the ISA's (the caller adds what the kernel does). An unknown mode raises ``ValueError`` listing the
+    accepted ones; an explicit ``omnilab*`` mode that cannot be met raises ``RuntimeError``; ``auto`` falls
+    back to torch, with a ``RuntimeWarning`` when the build fails."""
+    raw = (os.environ.get(var, "") if env is None else env).strip().lower() or "auto"
+    if raw not in KERNEL_MODES:
+        raise ValueError(f"{var}={raw!r} is not a {what} mode; accepted: {', '.join(KERNEL_MODES)}")
+    source = "auto" if raw == "auto" else "env"
+    if raw == "torch":
+        return None, f"{var}=torch", source
+    if flags is None:
+        from omnilab.hardware import cpu_flags
+        flags = cpu_flags()
+    isa, isa_reason = kernel_isa(var, raw, flags)
+    if isa is None:
+        return None, f"{isa_reason}: {torch_note}", source
+    try:
+        lib = loader(build_library(name, isa))
+    except (KernelBuildError, OSError) as e:
+        if raw != "auto":
+            raise RuntimeError(f"{var}={raw}: {e}") from e
+        reason = f"omnilab {what} kernel unavailable ({e}); {torch_note}"
+        warnings.warn(reason, RuntimeWarning, stacklevel=4)
+        return None, reason, source
+    return lib, (f"{var}={raw}: {isa_reason}" if source == "env" else isa_reason), source
 
 
 def find_compiler() -> str | None:

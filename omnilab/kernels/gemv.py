@@ -27,15 +27,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from omnilab.kernels.build import KERNEL_MODES, KernelBuildError, build_library, kernel_isa
+from omnilab.kernels.build import KERNEL_MODES, resolve_kernel
 
 ENV = "OMNILAB_CPU_GEMV"
 MODES = KERNEL_MODES
@@ -87,31 +85,12 @@ _LIB: _Lib | None = None
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[GemvChoice, _Lib | None]:
     """Decide (and build) without installing the result; :func:`gemv_choice` caches it per process."""
-    raw = (os.environ.get(ENV, "") if env is None else env).strip().lower() or "auto"
-    if raw not in MODES:
-        raise ValueError(f"{ENV}={raw!r} is not a GEMV mode; accepted: {', '.join(MODES)}")
-    source = "auto" if raw == "auto" else "env"
-    if raw == "torch":
-        return GemvChoice("torch", None, None, f"{ENV}=torch", source), None
-    if flags is None:
-        from omnilab.hardware import cpu_flags
-        flags = cpu_flags()
-    isa, isa_reason = kernel_isa(ENV, raw, flags)
-    if isa is None:
-        return GemvChoice("torch", None, None, f"{isa_reason}: torch (MKL) for every row count", source), None
-    try:
-        lib = _Lib(build_library("gemv", isa))
-    except (KernelBuildError, OSError) as e:
-        if raw != "auto":
-            raise RuntimeError(f"{ENV}={raw}: {e}") from e
-        reason = (f"omnilab GEMV kernel unavailable ({e}); torch (MKL) for every row count: 4-8 rows read "
-                  f"weights at about half the 1-row bandwidth")
-        warnings.warn(reason, RuntimeWarning, stacklevel=3)
+    lib, reason, source = resolve_kernel(ENV, "GEMV", "gemv", _Lib, "torch (MKL) for every row count: 4-8 rows "
+                                         "read the weights at about half the 1-row bandwidth", env, flags)
+    if lib is None:
         return GemvChoice("torch", None, None, reason, source), None
-    reason = (f"{isa_reason}; {MIN_ROWS}-{MAX_ROWS} rows stream the weights once (MKL reads them at ~half "
+    reason = (f"{reason}; {MIN_ROWS}-{MAX_ROWS} rows stream the weights once (MKL reads them at ~half "
               f"bandwidth there), 1-{MIN_ROWS - 1} rows and prefill stay on torch (MKL)")
-    if source == "env":
-        reason = f"{ENV}={raw}: {reason}"
     return GemvChoice("omnilab", lib.isa, str(lib.lib._name), reason, source, MIN_ROWS,
                       min(MAX_ROWS, lib.max_rows)), lib
 

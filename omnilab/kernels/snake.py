@@ -19,14 +19,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from omnilab.kernels.build import KERNEL_MODES, KernelBuildError, build_library, kernel_isa
+from omnilab.kernels.build import KERNEL_MODES, resolve_kernel
 
 ENV = "OMNILAB_CPU_SNAKE"
 MODES = KERNEL_MODES
@@ -67,29 +65,11 @@ _LIB: _Lib | None = None
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[SnakeChoice, _Lib | None]:
     """Decide (and build) without installing the result; :func:`snake_choice` caches it per process."""
-    raw = (os.environ.get(ENV, "") if env is None else env).strip().lower() or "auto"
-    if raw not in MODES:
-        raise ValueError(f"{ENV}={raw!r} is not a SnakeBeta mode; accepted: {', '.join(MODES)}")
-    source = "auto" if raw == "auto" else "env"
-    if raw == "torch":
-        return SnakeChoice("torch", None, None, f"{ENV}=torch", source), None
-    if flags is None:
-        from omnilab.hardware import cpu_flags
-        flags = cpu_flags()
-    isa, isa_reason = kernel_isa(ENV, raw, flags)
-    if isa is None:
-        return SnakeChoice("torch", None, None, f"{isa_reason}: torch's elementwise ops", source), None
-    try:
-        lib = _Lib(build_library("snake", isa))
-    except (KernelBuildError, OSError) as e:
-        if raw != "auto":
-            raise RuntimeError(f"{ENV}={raw}: {e}") from e
-        reason = f"omnilab SnakeBeta kernel unavailable ({e}); torch's elementwise ops (4 passes per call)"
-        warnings.warn(reason, RuntimeWarning, stacklevel=3)
+    lib, reason, source = resolve_kernel(ENV, "SnakeBeta", "snake", _Lib,
+                                         "torch's elementwise ops (4 passes per call)", env, flags)
+    if lib is None:
         return SnakeChoice("torch", None, None, reason, source), None
-    reason = f"{isa_reason}; one pass with glibc's vector sinf instead of torch's four"
-    if source == "env":
-        reason = f"{ENV}={raw}: {reason}"
+    reason = f"{reason}; one pass with glibc's vector sinf instead of torch's four"
     return SnakeChoice("omnilab", lib.isa, str(lib.lib._name), reason, source), lib
 
 
