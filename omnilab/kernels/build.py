@@ -13,15 +13,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-import warnings
 from pathlib import Path
-from typing import Any, Callable
 
 SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
 LINK_FLAGS = {"snake": ("-lmvec",)}  # per source: glibc's vector math (sinf) for the fused SnakeBeta
-KERNEL_MODES = ("auto", "omnilab", "omnilab-avx512", "omnilab-avx2", "torch")
 
 
 class KernelBuildError(RuntimeError):
@@ -35,54 +32,6 @@ def select_isa(flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
     if {"avx2", "fma"} <= set(flags):
         return "avx2", "CPU has avx2 + fma (8-lane fp32 FMA), no avx512f"
     return None, "CPU has neither avx512f nor avx2 + fma"
-
-
-def kernel_isa(var: str, mode: str, flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
-    """``(isa, reason)`` for a kernel mode of :data:`KERNEL_MODES` other than ``torch``: the CPU's widest ISA
-    for ``auto`` / ``omnilab``, the named one for ``omnilab-avx512`` / ``omnilab-avx2``. ``None`` (use torch)
-    only for ``auto`` on a CPU with neither; an explicit mode the CPU cannot meet raises ``RuntimeError``
-    naming ``var``."""
-    isa, reason = select_isa(flags)
-    if mode in ("omnilab-avx512", "omnilab-avx2"):
-        wanted = mode.split("-", 1)[1]
-        if isa is None or (wanted == "avx512" and isa != "avx512"):
-            raise RuntimeError(f"{var}={mode} needs a CPU with {wanted}; {reason}")
-        return wanted, f"{var}={mode}"
-    if isa is None and mode == "omnilab":
-        raise RuntimeError(f"{var}=omnilab: the kernel needs avx512f or avx2 + fma; {reason}")
-    return isa, reason
-
-
-def resolve_kernel(var: str, what: str, name: str, loader: Callable[[Path], Any], torch_note: str,
-                   env: str | None = None, flags: frozenset[str] | None = None) -> tuple[Any, str, str]:
-    """Resolve the kernel choice variable ``var`` (one of :data:`KERNEL_MODES`; ``env`` replaces its value) for
-    the ``name`` kernels: ``(lib, reason, source)``, ``lib = loader(built library)`` or ``None`` for torch.
-
-    ``source`` is ``"auto"`` or ``"env"``. A torch result's reason ends with ``torch_note``; a kernel's reason
-    is the ISA's (the caller adds what the kernel does). An unknown mode raises ``ValueError`` listing the
-    accepted ones; an explicit ``omnilab*`` mode that cannot be met raises ``RuntimeError``; ``auto`` falls
-    back to torch, with a ``RuntimeWarning`` when the build fails."""
-    raw = (os.environ.get(var, "") if env is None else env).strip().lower() or "auto"
-    if raw not in KERNEL_MODES:
-        raise ValueError(f"{var}={raw!r} is not a {what} mode; accepted: {', '.join(KERNEL_MODES)}")
-    source = "auto" if raw == "auto" else "env"
-    if raw == "torch":
-        return None, f"{var}=torch", source
-    if flags is None:
-        from omnilab.hardware import cpu_flags
-        flags = cpu_flags()
-    isa, isa_reason = kernel_isa(var, raw, flags)
-    if isa is None:
-        return None, f"{isa_reason}: {torch_note}", source
-    try:
-        lib = loader(build_library(name, isa))
-    except (KernelBuildError, OSError) as e:
-        if raw != "auto":
-            raise RuntimeError(f"{var}={raw}: {e}") from e
-        reason = f"omnilab {what} kernel unavailable ({e}); {torch_note}"
-        warnings.warn(reason, RuntimeWarning, stacklevel=4)
-        return None, reason, source
-    return lib, (f"{var}={raw}: {isa_reason}" if source == "env" else isa_reason), source
 
 
 def find_compiler() -> str | None:

@@ -24,16 +24,14 @@ pass for MKL on fp32 copies). A row's result is bitwise the fp32 kernel's on the
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from omnilab.kernels.build import KERNEL_MODES, resolve_kernel
+from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 
 ENV = "OMNILAB_CPU_GEMV"
 MODES = KERNEL_MODES
@@ -79,10 +77,6 @@ class _Lib:
         self.max_rows = int(self.lib.omnilab_gemv_max_rows())
 
 
-_CHOICE: GemvChoice | None = None
-_LIB: _Lib | None = None
-
-
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[GemvChoice, _Lib | None]:
     """Decide (and build) without installing the result; :func:`gemv_choice` caches it per process."""
     lib, reason, source = resolve_kernel(ENV, "GEMV", "gemv", _Lib, "torch (MKL) for every row count: 4-8 rows "
@@ -95,33 +89,30 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                       min(MAX_ROWS, lib.max_rows)), lib
 
 
+_SLOT = KernelSlot(resolve)
+
+
 def gemv_choice() -> GemvChoice:
     """The process's GEMV choice (resolved, and the kernel built, on first use)."""
-    global _CHOICE, _LIB
-    if _CHOICE is None:
-        _CHOICE, _LIB = resolve()
-    return _CHOICE
+    return _SLOT.get()
 
 
 def reset() -> None:
     """Forget the choice (tests; a changed ``OMNILAB_CPU_GEMV`` takes effect on the next call)."""
-    global _CHOICE, _LIB
-    _CHOICE, _LIB = None, None
+    _SLOT.reset()
 
 
-@contextlib.contextmanager
 def use_gemv(mode: str):
-    """Within the block, this process's :func:`linear` uses ``mode`` (one of :data:`MODES`), e.g. to time
-    ``"torch"`` against ``"omnilab"`` on one loaded model. Not for worker processes (set the environment
-    variable before they start) and not thread-safe against concurrent model calls."""
-    global _CHOICE, _LIB
-    saved = (_CHOICE, _LIB)
-    choice, lib = resolve(env=mode)
-    _CHOICE, _LIB = dataclasses.replace(choice, source="argument"), lib
-    try:
-        yield _CHOICE
-    finally:
-        _CHOICE, _LIB = saved
+    """Within the block (``with use_gemv(mode):``), this process's :func:`linear` uses ``mode`` (one of
+    :data:`MODES`), e.g. to time ``"torch"`` against ``"omnilab"`` on one loaded model. Not for worker
+    processes (set the environment variable before they start) and not thread-safe against concurrent model
+    calls."""
+    return _SLOT.use(mode)
+
+
+def loaded_library() -> _Lib | None:
+    """The kernel library of this process's choice, or ``None`` when it is torch."""
+    return _SLOT.loaded()
 
 
 def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -129,7 +120,7 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     """The kernel itself: ``x`` [..., K] fp32 (1..8 rows) @ ``weight`` [N, K]^T (+ ``bias`` [N]) -> [..., N].
 
     No dispatch: raises if the kernel is not available or the inputs do not fit it."""
-    lib = lib or _LIB or (gemv_choice() and _LIB)
+    lib = lib or _SLOT.loaded()
     if lib is None:
         raise RuntimeError(f"omnilab GEMV kernel not in use: {gemv_choice().reason}")
     k = x.shape[-1]
@@ -168,7 +159,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return _linear_bf16_weight(x, weight, bias)
     if torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
-    lib = _LIB if _CHOICE is not None else (gemv_choice() and _LIB)
+    lib = _SLOT.loaded()
     fp32 = (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32))
     rows = _kernel_rows(lib, x, weight, bias, MIN_ROWS, MAX_ROWS) if fp32 else 0
     return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight, bias)  # else torch (or its error)
@@ -201,7 +192,7 @@ def _linear_bf16_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 def _bf16_weight_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    lib = _LIB if _CHOICE is not None else (gemv_choice() and _LIB)
+    lib = _SLOT.loaded()
     rows = _kernel_rows(lib, x, weight, bias, 1, BF16_MAX_ROWS)
     return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight.float(), bias)
 

@@ -16,15 +16,13 @@ warning), ``omnilab`` / ``omnilab-avx512`` / ``omnilab-avx2`` (the kernel, or an
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from omnilab.kernels.build import KERNEL_MODES, resolve_kernel
+from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 
 ENV = "OMNILAB_CPU_SNAKE"
 MODES = KERNEL_MODES
@@ -59,10 +57,6 @@ class _Lib:
         self.isa = self.lib.omnilab_snake_isa().decode()
 
 
-_CHOICE: SnakeChoice | None = None
-_LIB: _Lib | None = None
-
-
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[SnakeChoice, _Lib | None]:
     """Decide (and build) without installing the result; :func:`snake_choice` caches it per process."""
     lib, reason, source = resolve_kernel(ENV, "SnakeBeta", "snake", _Lib,
@@ -73,33 +67,23 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     return SnakeChoice("omnilab", lib.isa, str(lib.lib._name), reason, source), lib
 
 
+_SLOT = KernelSlot(resolve)
+
+
 def snake_choice() -> SnakeChoice:
     """The process's SnakeBeta choice (resolved, and the kernel built, on first use)."""
-    global _CHOICE, _LIB
-    if _CHOICE is None:
-        _CHOICE, _LIB = resolve()
-    return _CHOICE
+    return _SLOT.get()
 
 
 def reset() -> None:
     """Forget the choice (tests; a changed ``OMNILAB_CPU_SNAKE`` takes effect on the next call)."""
-    global _CHOICE, _LIB
-    _CHOICE, _LIB = None, None
+    _SLOT.reset()
 
 
-@contextlib.contextmanager
 def use_snake(mode: str):
-    """Within the block, this process's :func:`snake_beta` uses ``mode`` (one of :data:`MODES`), e.g. to time
-    torch's op against the kernel on one loaded model. Not for worker processes (set the environment variable
-    before they start) and not thread-safe against concurrent model calls."""
-    global _CHOICE, _LIB
-    saved = (_CHOICE, _LIB)
-    choice, lib = resolve(env=mode)
-    _CHOICE, _LIB = dataclasses.replace(choice, source="argument"), lib
-    try:
-        yield _CHOICE
-    finally:
-        _CHOICE, _LIB = saved
+    """Within the block (``with use_snake(mode):``), this process's :func:`snake_beta` uses ``mode`` (one of
+    :data:`MODES`), e.g. to time torch's op against the kernel on one loaded model (see ``KernelSlot.use``)."""
+    return _SLOT.use(mode)
 
 
 def snake_torch(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, inplace: bool = False) -> torch.Tensor:
@@ -119,7 +103,7 @@ def snake_beta(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, inp
 
     The kernel takes contiguous fp32 CPU tensors outside autograd and torch.compile; anything else runs
     :func:`snake_torch`. ``inplace=True`` overwrites ``x`` (and returns it)."""
-    lib = lib or (_LIB if _CHOICE is not None else (snake_choice() and _LIB))
+    lib = lib or _SLOT.loaded()
     if (lib is None or torch.compiler.is_compiling() or x.dim() != 3 or x.dtype != torch.float32
             or x.device.type != "cpu" or not x.is_contiguous() or alpha.dtype != torch.float32
             or inv_beta.dtype != torch.float32 or alpha.numel() != x.shape[1] or inv_beta.numel() != x.shape[1]
