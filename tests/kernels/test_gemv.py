@@ -8,28 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnilab.hardware import cpu_flags
 from omnilab.kernels import build, gemv
 from omnilab.kernels.build import build_library, select_isa
 
-FLAGS = cpu_flags()
-ISAS = [i for i, need in (("avx512", {"avx512f"}), ("avx2", {"avx2", "fma"})) if need <= FLAGS]
-if not ISAS:
-    pytest.skip("CPU has neither avx512f nor avx2 + fma: the kernel does not apply here", allow_module_level=True)
+from _kernel_common import ISAS, fixtures, skip_without_isa  # noqa: E402
 
-
-@pytest.fixture(scope="module", params=ISAS)
-def lib(request):
-    return gemv._Lib(build_library("gemv", request.param))
-
-
-@pytest.fixture
-def fresh_choice(monkeypatch):
-    """Each test resolves the choice anew and leaves no choice behind."""
-    monkeypatch.delenv(gemv.ENV, raising=False)
-    gemv.reset()
-    yield monkeypatch
-    gemv.reset()
+skip_without_isa()
+lib, fresh_choice = fixtures(gemv, "gemv")
 
 
 def _data(rows, n, k, bias, seed=0):

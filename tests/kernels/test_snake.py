@@ -6,28 +6,13 @@ import re
 import pytest
 import torch
 
-from omnilab.hardware import cpu_flags
 from omnilab.kernels import snake
-from omnilab.kernels.build import build_library
 from omnilab.models.code2wav_layers import SnakeBeta
 
-FLAGS = cpu_flags()
-ISAS = [i for i, need in (("avx512", {"avx512f"}), ("avx2", {"avx2", "fma"})) if need <= FLAGS]
-if not ISAS:
-    pytest.skip("CPU has neither avx512f nor avx2 + fma: the kernel does not apply here", allow_module_level=True)
+from _kernel_common import fixtures, skip_without_isa  # noqa: E402
 
-
-@pytest.fixture(scope="module", params=ISAS)
-def lib(request):
-    return snake._Lib(build_library("snake", request.param))
-
-
-@pytest.fixture
-def fresh_choice(monkeypatch):
-    monkeypatch.delenv(snake.ENV, raising=False)
-    snake.reset()
-    yield monkeypatch
-    snake.reset()
+skip_without_isa()
+lib, fresh_choice = fixtures(snake, "snake")
 
 
 def _data(b, c, n, scale=3.0, seed=0):
