@@ -1,7 +1,6 @@
-"""omnilab's fused SnakeBeta kernel: accuracy, chunk/batch/thread invariance, dispatch, the choice and its errors."""
+"""omnilab's fused SnakeBeta kernel: accuracy, chunk/batch/thread invariance, dispatch (choice rules:
+test_choice.py)."""
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
@@ -106,32 +105,3 @@ def test_snakebeta_module_uses_the_choice(fresh_choice):
         plain = m(x)
     assert calls == [1] and snake.snake_choice().mode == "torch" and snake.ENV in snake.snake_choice().reason
     torch.testing.assert_close(fused, plain, rtol=1e-6, atol=1e-6)
-
-
-def test_bad_mode_names_accepted_values(fresh_choice):
-    fresh_choice.setenv(snake.ENV, "fast")
-    accepted = "auto, omnilab, omnilab-avx512, omnilab-avx2, torch"
-    with pytest.raises(ValueError, match=f"OMNILAB_CPU_SNAKE='fast'.*{accepted}"):
-        snake.snake_choice()
-
-
-def test_missing_compiler(fresh_choice, tmp_path):
-    """auto: torch with a warning that says why; an explicit omnilab mode: an error naming the compiler."""
-    fresh_choice.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    fresh_choice.setenv("OMNILAB_CACHE", str(tmp_path))
-    with pytest.warns(RuntimeWarning, match=re.escape("no C++ compiler found")):
-        c = snake.snake_choice()
-    assert c.mode == "torch" and "no C++ compiler" in c.reason
-    x, a, ib = _data(1, 3, 20)
-    assert torch.equal(snake.snake_beta(x, a, ib), snake.snake_torch(x, a, ib))
-    snake.reset()
-    fresh_choice.setenv(snake.ENV, "omnilab")
-    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler found .*no-such-compiler"):
-        snake.snake_choice()
-
-
-def test_isa_rules():
-    with pytest.raises(RuntimeError, match="OMNILAB_CPU_SNAKE=omnilab-avx512 needs a CPU with avx512"):
-        snake.resolve(env="omnilab-avx512", flags=frozenset({"avx2", "fma"}))
-    c, lib = snake.resolve(env="auto", flags=frozenset({"sse4_2"}))
-    assert c.mode == "torch" and lib is None and "neither" in c.reason
