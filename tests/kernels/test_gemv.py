@@ -1,4 +1,4 @@
-"""omnilab's small-batch GEMV kernel: numerics, batch invariance, dispatch rules, the choice and its errors."""
+"""omnilab's small-batch GEMV kernel: numerics, batch invariance, dispatch rules (choice rules: test_choice.py)."""
 from __future__ import annotations
 
 import pytest
