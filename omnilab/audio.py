@@ -3,10 +3,16 @@
 Contract:
 - ``load_wav(path) -> (wav [samples] float32, sample_rate)`` reads any file soundfile can read and mixes
   multi-channel audio down to mono by averaging the channels (as the official package does).
-- ``resample(wav, orig_sr, target_sr)`` is a Kaiser-windowed sinc polyphase resampler written in torch. It is
-  *not* bit-equal to librosa's default (soxr_hq), which the official package uses for non-24 kHz references:
-  both are band-limited resamplers, so the results agree to about 1e-3 on in-band content. Rate pairs whose
-  reduced ratio needs an impractically large filter bank (e.g. 24001 -> 24000) raise ``InputError``.
+- ``resample(wav, orig_sr, target_sr)`` resamples exactly as the official package does for references not at
+  24 kHz: ``librosa.resample(y=wav.astype(np.float32), orig_sr=int(sr), target_sr=24000)`` with librosa's
+  defaults (``res_type="soxr_hq"``, ``fix=True``, ``scale=False``). That is ``soxr.resample(x, orig_sr,
+  target_sr, quality="soxr_hq")`` (python-soxr, imported lazily) on the contiguous float32 signal, then
+  librosa's length rule: cut or zero-padded to ``int(np.ceil(samples * (float(target_sr) / orig_sr)))``
+  samples (a float ratio, as librosa computes it: 44100 samples at 44.1 kHz give 24001), float32. Bit-equal to
+  the official resampling (both run the same python-soxr; its soxr_hq float32 engine has no CPU-dependent
+  paths). Equal rates return the float32 signal unchanged. Rates must be positive integers (``int``, numpy
+  integers or integral floats such as ``22050.0``); anything else raises ``InputError`` naming the value, and
+  so do non-finite samples.
 - ``load_audio(x, sr=None, target_sr=24000)`` accepts a path or an array (with ``sr``) and returns float32 mono
   at ``target_sr``.
 - ``mel_filterbank_slaney`` reproduces ``librosa.filters.mel(htk=False, norm="slaney")`` (float32 result with
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +42,6 @@ SPK_WIN_SAMPLES = 1024
 SPK_N_MELS = 128
 SPK_FMIN_HZ = 0.0
 SPK_FMAX_HZ = 12000.0
-
-# Resampler design (documented in ``resample``).
-_ZERO_CROSSINGS = 32
-_ROLLOFF = 0.95
-_KAISER_BETA = 8.6
-_MAX_FILTERBANK_TAPS = 20_000_000  # phases x taps; beyond this the rate ratio is refused
 
 
 # ----------------------------------------------------------------------------------------------- files
@@ -79,75 +80,48 @@ def load_audio(x: str | Path | np.ndarray | torch.Tensor, sr: int | None = None,
             raise InputError("an audio array needs its sample rate: pass sr=<Hz>")
         wav = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
         wav = to_mono(wav)
-    return resample(wav, int(sr), int(target_sr))
+    return resample(wav, _check_rate("sample rate", sr), _check_rate("target_sr", target_sr))
 
 
 # ----------------------------------------------------------------------------------------- resampling
 
 def _check_rate(name: str, sr) -> int:
-    if isinstance(sr, bool) or not float(sr).is_integer() or int(sr) <= 0:
+    """A sample rate as ``int``: a positive integer (``int``, numpy integer, or an integral float)."""
+    ok = (isinstance(sr, numbers.Real) and not isinstance(sr, (bool, np.bool_))
+          and math.isfinite(float(sr)) and float(sr).is_integer() and float(sr) > 0)
+    if not ok:
         raise InputError(f"{name} must be a positive integer number of Hz; got {sr!r}")
     return int(sr)
 
 
-@functools.lru_cache(maxsize=16)
-def _polyphase_kernels(orig: int, new: int) -> tuple[torch.Tensor, int]:
-    """Kernels ``[new, 1, taps]`` (float32) and the left padding, for the reduced ratio ``new/orig``.
-
-    Times are measured in units where one reduced input period is ``1/orig`` and one output period ``1/new``.
-    Output phase j of each block of ``new`` outputs sits at ``j/new``; tap k (relative to the block start in the
-    input) sits at ``k/orig``. Each tap is ``h(j/new - k/orig) / orig`` with ``h`` a low-pass sinc at
-    ``fc = rolloff * min(orig, new) / 2``, windowed by a Kaiser window spanning ``_ZERO_CROSSINGS`` zero
-    crossings on each side. The 1/orig factor gives unit DC gain.
-    """
-    fc = _ROLLOFF * min(orig, new) / 2.0
-    half_width = _ZERO_CROSSINGS / (2.0 * fc)
-    pad = int(math.ceil(half_width * orig))
-    taps = 2 * pad + orig
-    if new * taps > _MAX_FILTERBANK_TAPS:
-        raise InputError(
-            f"cannot resample {orig}->{new} (reduced ratio): the polyphase filter bank would need {new} x {taps} "
-            f"taps. Resample the audio to 24000 Hz (or a rate with a simpler ratio such as 16000, 22050, 44100, "
-            f"48000) with another tool first")
-    k = torch.arange(-pad, pad + orig, dtype=torch.float64)  # [taps]
-    j = torch.arange(new, dtype=torch.float64)[:, None]  # [new, 1]
-    t = j / new - k[None, :] / orig  # [new, taps]
-    x = 2.0 * fc * t
-    sinc = torch.where(x == 0, torch.ones_like(x), torch.sin(math.pi * x) / (math.pi * torch.where(x == 0, 1.0, x)))
-    r = (t / half_width).clamp(-1.0, 1.0)
-    window = torch.special.i0(_KAISER_BETA * torch.sqrt(1.0 - r * r)) / torch.special.i0(
-        torch.tensor(_KAISER_BETA, dtype=torch.float64))
-    window = torch.where(t.abs() <= half_width, window, torch.zeros_like(window))
-    kernels = (2.0 * fc / orig) * sinc * window
-    return kernels.to(torch.float32)[:, None, :], pad
-
-
 def resample(wav: np.ndarray | torch.Tensor, orig_sr: int, target_sr: int) -> np.ndarray:
-    """Band-limited resampling of a mono ``[samples]`` signal. Returns float32 ``[ceil(samples*target/orig)]``.
+    """Resample a mono ``[samples]`` signal as qwen-tts does (librosa's default ``soxr_hq``). Returns float32.
 
-    Kaiser-windowed sinc (32 zero crossings, beta 8.6, cutoff 0.95 x the lower Nyquist frequency), applied as a
-    polyphase filter bank (one strided conv1d). Identity when the rates are equal.
+    Same result as ``librosa.resample(y=wav.astype(np.float32), orig_sr=orig_sr, target_sr=target_sr)``:
+    ``soxr.resample(..., quality="soxr_hq")`` fixed to ``int(np.ceil(samples * (float(target_sr) / orig_sr)))``
+    samples (trailing zeros added or samples cut). Identity (as float32) when the rates are equal.
     """
     orig_sr = _check_rate("orig_sr", orig_sr)
     target_sr = _check_rate("target_sr", target_sr)
-    x = wav.detach().cpu().float() if isinstance(wav, torch.Tensor) else torch.from_numpy(
-        np.ascontiguousarray(wav, dtype=np.float32))
+    x = wav.detach().cpu().numpy() if isinstance(wav, torch.Tensor) else wav
+    x = np.ascontiguousarray(x, dtype=np.float32)  # the official call passes ``astype(np.float32)`` (a copy)
     if x.ndim != 1:
         raise InputError(f"resample expects mono [samples]; got shape {tuple(x.shape)} (mix down with to_mono)")
+    if not np.isfinite(x).all():
+        raise InputError("audio has non-finite samples (NaN or inf)")
     if orig_sr == target_sr:
-        return x.numpy().astype(np.float32, copy=False)
-    g = math.gcd(orig_sr, target_sr)
-    orig, new = orig_sr // g, target_sr // g
-    kernels, pad = _polyphase_kernels(orig, new)
-    n_in = x.shape[0]
-    n_out = -(-n_in * new // orig)
-    if n_in == 0:
+        return x
+    n_out = int(np.ceil(x.shape[0] * (float(target_sr) / orig_sr)))  # librosa's length rule, float ratio
+    if x.shape[0] == 0:
         return np.zeros(0, dtype=np.float32)
-    blocks = -(-n_in // orig)
-    xp = F.pad(x[None, None, :], (pad, blocks * orig + pad - n_in))  # zeros outside the signal
-    y = F.conv1d(xp, kernels, stride=orig)  # [1, new, blocks]
-    y = y[0].transpose(0, 1).reshape(-1)[:n_out]  # interleave phases
-    return y.numpy().astype(np.float32, copy=False)
+    import soxr  # lazy: keeps ``import omnilab`` light
+
+    y = soxr.resample(x, orig_sr, target_sr, quality="soxr_hq")
+    if y.shape[0] > n_out:
+        y = y[:n_out]
+    elif y.shape[0] < n_out:
+        y = np.pad(y, (0, n_out - y.shape[0]), mode="constant")
+    return np.ascontiguousarray(y, dtype=np.float32)
 
 
 # ------------------------------------------------------------------------------------------ mel front end

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -69,16 +70,67 @@ def test_log_mel_rejects_short_audio():
         audio.log_mel_spectrogram(np.zeros(300, np.float32))
 
 
+def _librosa_fix_length(y: np.ndarray, n: int) -> np.ndarray:
+    """``librosa.util.fix_length(y, size=n)`` for 1-D: cut, or pad with zeros at the end."""
+    return y[:n] if len(y) >= n else np.pad(y, (0, n - len(y)))
+
+
+@pytest.mark.parametrize("orig_sr", [16000, 22050, 44100, 48000])
+def test_resample_is_librosa_soxr_hq_bit_for_bit(orig_sr):
+    """What qwen-tts calls: ``librosa.resample(y=wav.astype(np.float32), orig_sr=sr, target_sr=24000)``, i.e.
+    soxr_hq fixed to librosa's length ``int(np.ceil(n * (24000 / sr)))`` (float ratio), float32."""
+    import soxr
+
+    rng = np.random.default_rng(orig_sr)
+    for n in (1, 3, 100, 12345, orig_sr, int(0.9 * orig_sr)):
+        x = (0.3 * rng.standard_normal(n)).astype(np.float32)
+        want_len = int(np.ceil(n * (24000.0 / orig_sr)))
+        want = _librosa_fix_length(soxr.resample(x, orig_sr, 24000, quality="soxr_hq"), want_len)
+        got = audio.resample(x, orig_sr, 24000)
+        assert got.dtype == np.float32 and got.shape == (want_len,), (n, got.shape, want_len)
+        assert np.array_equal(got, want), f"{orig_sr} Hz, {n} samples"
+        # float64 / torch / non-contiguous inputs are cast to contiguous float32 first, as the official .astype
+        assert np.array_equal(audio.resample(x.astype(np.float64), orig_sr, 24000), want)
+        assert np.array_equal(audio.resample(torch.from_numpy(x), orig_sr, 24000), want)
+        assert np.array_equal(audio.resample(np.repeat(x, 2)[::2], orig_sr, 24000), want)
+
+
+# Output lengths of librosa 0.11.0 ``librosa.resample(y, orig_sr=sr, target_sr=24000)`` (recorded in the reference
+# env). librosa computes ceil(n * float ratio): 44100 samples at 44.1 kHz give 24001 (float rounding), one more
+# than soxr returns; librosa pads that sample with a zero.
+LIBROSA_LENGTHS = [  # (orig_sr, n_in, n_out)
+    (16000, 1, 2), (16000, 14400, 21600), (22050, 1, 2), (22050, 44100, 48001), (22050, 12345, 13437),
+    (44100, 100, 55), (44100, 44100, 24001), (44100, 39690, 21601), (44100, 12345, 6719),
+    (48000, 2, 1), (48000, 12345, 6173), (24001, 44100, 44099), (8000, 3, 9),
+]
+
+
+@pytest.mark.parametrize("orig_sr,n_in,n_out", LIBROSA_LENGTHS)
+def test_resample_length_is_librosas(orig_sr, n_in, n_out):
+    x = np.random.default_rng(n_in).standard_normal(n_in).astype(np.float32)
+    y = audio.resample(x, orig_sr, 24000)
+    assert y.shape == (n_out,)
+
+
+def test_resample_pads_librosas_extra_sample_with_zero():
+    import soxr
+
+    x = np.random.default_rng(0).standard_normal(44100).astype(np.float32)
+    raw = soxr.resample(x, 44100, 24000, quality="soxr_hq")
+    y = audio.resample(x, 44100, 24000)
+    assert len(raw) == 24000 and len(y) == 24001 and y[-1] == 0.0 and np.array_equal(y[:-1], raw)
+
+
 @pytest.mark.parametrize("orig_sr", [16000, 22050, 44100, 48000, 8000])
 def test_resample_sine_to_24k(orig_sr):
     n = orig_sr // 2  # 0.5 s
     f = 997.0
     x = (0.5 * np.sin(2 * np.pi * f * np.arange(n) / orig_sr)).astype(np.float32)
     y = audio.resample(x, orig_sr, 24000)
-    assert y.dtype == np.float32 and len(y) == -(-n * 24000 // orig_sr)
+    assert y.dtype == np.float32 and len(y) == int(np.ceil(n * (24000 / orig_sr)))  # 12001 for 22050 (float)
     ref = 0.5 * np.sin(2 * np.pi * f * np.arange(len(y)) / 24000)
-    mid = slice(len(y) // 8, -len(y) // 8)  # away from the zero-padded edges
-    assert np.abs(y[mid] - ref[mid]).max() < 2e-3
+    mid = slice(len(y) // 8, -len(y) // 8)  # away from the edges
+    assert np.abs(y[mid] - ref[mid]).max() < 1e-3
 
 
 def test_resample_removes_content_above_new_nyquist():
@@ -87,17 +139,27 @@ def test_resample_removes_content_above_new_nyquist():
     assert np.abs(y[2000:-2000]).max() < 1e-2
 
 
-def test_resample_identity_and_errors():
+def test_resample_identity_odd_ratios_and_errors():
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     assert np.array_equal(audio.resample(x, 24000, 24000), x)
-    with pytest.raises(InputError, match="orig_sr must be a positive integer"):
-        audio.resample(x, 0, 24000)
-    with pytest.raises(InputError, match="orig_sr must be a positive integer"):
-        audio.resample(x, 22050.5, 24000)
-    with pytest.raises(InputError, match="cannot resample 24001->24000"):
-        audio.resample(x, 24001, 24000)
+    assert np.array_equal(audio.resample(x, np.int64(24000), 24000.0), x)  # numpy ints, integral floats
+    assert audio.resample(x, 24001, 24000).shape == (1000,)  # any integer ratio works (soxr)
+    assert audio.resample(np.zeros(0, np.float32), 16000, 24000).shape == (0,)
+    for bad in (0, -16000, 22050.5, float("inf"), float("nan"), "16000", None, True, 0.0):
+        with pytest.raises(InputError, match=r"orig_sr must be a positive integer.*got " + re.escape(repr(bad))):
+            audio.resample(x, bad, 24000)
+    with pytest.raises(InputError, match=r"target_sr must be a positive integer.*got -1"):
+        audio.resample(x, 16000, -1)
     with pytest.raises(InputError, match="mono"):
         audio.resample(np.zeros((100, 2), np.float32), 48000, 24000)
+    for v in (np.nan, np.inf):
+        y = x.copy()
+        y[10] = v
+        with pytest.raises(InputError, match="non-finite"):
+            audio.resample(y, 16000, 24000)
+    for bad in (0, 22050.5, "16000"):  # e.g. ref_audio=(wav, 22050.5): named, never truncated
+        with pytest.raises(InputError, match=r"sample rate must be a positive integer.*got " + re.escape(repr(bad))):
+            audio.load_audio(x, sr=bad)
 
 
 def test_load_wav_mixes_down_and_load_audio_resamples(tmp_path):

@@ -7,7 +7,10 @@ frames). For every case this file rebuilds the same checkpoint, checks its sha25
 be answered by regenerating the goldens, not by loosening this test), and asserts:
 
 - the talker prompt (prompt embeddings, trailing text queue, tts_pad) within 1e-5 max abs;
-- for Base: the x-vector within 1e-4 and the ICL reference codes (Mimi encoder) identical;
+- for Base: the x-vector within 1e-4 and the ICL reference codes (Mimi encoder) identical; the reference clip
+  is the case's own (``ref_audio`` in its cases.json entry; default the 24 kHz ``ref_audio.safetensors``), so
+  the 16 kHz / 44.1 kHz cases check that omnilab resamples a clip as the official package does (librosa
+  ``soxr_hq``): the 24 kHz clip ``omnilab.audio.load_audio`` makes has the official one's length and bytes;
 - the greedy codes [40, 16] identical frame for frame, through the public ``Pipeline.generate``;
 - code2wav of the golden codes (first 20 frames) within 1e-4 max abs of the official waveform, and the
   pipeline's audio (same span; for ICL after the reference part is cut) within 1e-4.
@@ -111,10 +114,29 @@ def parity_pipe(parity_ckpt):
         p.close()
 
 
+def _ref_entry(case: dict) -> dict:
+    """The case's reference clip entry (file, sample_rate, ...); older cases use the shared 24 kHz clip."""
+    return case.get("ref_audio", INDEX["ref_audio"])
+
+
 @pytest.fixture(scope="session")
 def ref_audio():
-    t = load_file(str(GOLDEN_DIR / INDEX["ref_audio"]["file"]))
-    return t["wav"].numpy(), int(INDEX["ref_audio"]["sample_rate"])
+    """``get(case) -> (wav, sample_rate)``: the case's reference clip, as given to the official API."""
+    clips: dict[str, tuple[np.ndarray, int]] = {}
+
+    def get(case: dict) -> tuple[np.ndarray, int]:
+        entry = _ref_entry(case)
+        if entry["file"] not in clips:
+            from safetensors import safe_open
+
+            path = GOLDEN_DIR / entry["file"]
+            with safe_open(str(path), "pt") as f:
+                meta_sr = int(f.metadata()["sample_rate"])
+            assert meta_sr == int(entry["sample_rate"]), f"{entry['file']}: stored rate {meta_sr} != cases.json"
+            clips[entry["file"]] = (load_file(str(path))["wav"].numpy(), meta_sr)
+        return clips[entry["file"]]
+
+    return get
 
 
 def _gold(name: str) -> dict[str, torch.Tensor]:
@@ -159,7 +181,7 @@ def test_prompt_embeddings(name, parity_pipe, ref_audio):
     case = INDEX["cases"][name]
     gold = _gold(name)
     pipe = parity_pipe(case["checkpoint"])
-    preq, prompt = _omnilab_prompt(pipe, case["request"], ref_audio)
+    preq, prompt = _omnilab_prompt(pipe, case["request"], ref_audio(case))
 
     if "spk_embedding" in gold:  # Base: speaker encoder (mel front end + ECAPA)
         err = _max_abs(preq.x_vector, gold["spk_embedding"])
@@ -188,7 +210,7 @@ def test_greedy_codes_and_audio(name, parity_pipe, ref_audio):
     gold = _gold(name)
     req = case["request"]
     pipe = parity_pipe(case["checkpoint"])
-    res = pipe.generate(req["text"], **_request_kwargs(req, ref_audio), **_sampling_kwargs(req["gen"]))
+    res = pipe.generate(req["text"], **_request_kwargs(req, ref_audio(case)), **_sampling_kwargs(req["gen"]))
     want = gold["codes"].numpy()
     got = np.asarray(res.codes)
     assert want.shape[0] >= 40
@@ -198,7 +220,7 @@ def test_greedy_codes_and_audio(name, parity_pipe, ref_audio):
         where = (f"first difference at frame {diff[0][0]}, codebook {diff[0][1]} "
                  f"({'talker c0' if diff[0][1] == 0 else 'code predictor'}); "
                  f"{len(np.unique(diff[:, 0]))} of {n} frames differ" if len(diff) else "common frames equal")
-        _, prompt = _omnilab_prompt(pipe, req, ref_audio)
+        _, prompt = _omnilab_prompt(pipe, req, ref_audio(case))
         with torch.no_grad():
             h = pipe.model.talker(prompt.embeds[None].to(pipe.model.dtype))[0, -1]
             logits = pipe.model.talker.logits(h).float()
@@ -213,6 +235,30 @@ def test_greedy_codes_and_audio(name, parity_pipe, ref_audio):
     assert audio.shape[0] == want.shape[0] * SAMPLES_PER_FRAME
     err = _max_abs(audio[:n], ref)
     assert err <= WAV_ATOL, f"pipeline audio (first {n // SAMPLES_PER_FRAME} frames): max abs {err:.3g}"
+
+
+RESAMPLED_CASES = [pytest.param(name, id=name) for name, case in INDEX["cases"].items()
+                   if "resampled_24k" in case.get("ref_audio", {})]
+
+
+@pytest.mark.parametrize("name", RESAMPLED_CASES)
+def test_reference_clip_resampled_as_official(name, ref_audio):
+    """omnilab's 24 kHz version of the case's clip is the one the official speaker encoder got (librosa's
+    ``soxr_hq`` resample): same length (librosa's ``ceil(n * float ratio)``, zero-padded) and the same float32
+    bytes. libsoxr's soxr_hq float32 path is its SSE engine (no FMA, no MKL; forcing its AVX switch
+    SOXR_USE_SIMD64 on or off leaves the bits unchanged), so the bits are the same on every x86-64 CPU."""
+    from omnilab.audio import load_audio
+
+    case = INDEX["cases"][name]
+    want = case["ref_audio"]["resampled_24k"]
+    wav, sr = ref_audio(case)
+    assert sr == case["request"]["ref_sr"] and wav.shape == (case["ref_audio"]["samples"],)
+    got = load_audio(wav, sr=sr)
+    assert got.dtype == np.float32 and got.shape == (want["samples"],), (
+        f"resampled clip has {got.shape[0]} samples; the official one {want['samples']}")
+    digest = hashlib.sha256(np.ascontiguousarray(got, dtype="<f4").tobytes()).hexdigest()
+    assert digest == want["sha256"], ("the 24 kHz clip differs from the official librosa/soxr_hq one (another "
+                                      "resampler, or a python-soxr whose bits changed?)")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -242,3 +288,11 @@ def test_goldens_are_small_and_complete():
     for name, case in INDEX["cases"].items():
         assert (GOLDEN_DIR / f"{name}.safetensors").is_file()
         assert case["frames"] >= 40 and case["num_unique_c0"] > 10, name
+    # Base references at the model rate and at two others (resampled as the official package does), ICL and
+    # x-vector only; every clip file is there.
+    base = [c for c in INDEX["cases"].values() if c["request"]["api"] == "voice_clone"]
+    rates = {(int(_ref_entry(c)["sample_rate"]), bool(c["icl"])) for c in base}
+    assert {(24000, True), (16000, True), (44100, True)} <= rates and any(not icl for sr, icl in rates if sr != 24000)
+    for c in base:
+        assert (GOLDEN_DIR / _ref_entry(c)["file"]).is_file()
+        assert int(_ref_entry(c)["sample_rate"]) == c["request"]["ref_sr"]

@@ -7,6 +7,9 @@ For every case in :data:`CASES` it records, from the official package on the sam
 the talker prompt (prompt embeddings [L, H], trailing text queue [N, H], tts_pad [H]), the prefill logits
 and hidden state (for diagnosis), the greedy codes [T, 16], the official code2wav waveform of the
 first :data:`WAV_FRAMES` frames of those codes, and for Base the x-vector and the ICL reference codes.
+Base cases may give the reference clip at another rate (``ref_sr``: the same synthetic voice made at that
+rate); the official package then resamples it to 24 kHz (librosa ``soxr_hq``) and ``cases.json`` records
+the length and sha256 of that 24 kHz clip (omnilab's ``load_audio`` is checked against it here too).
 The checkpoint is identified by the factory arguments (size, variant, seed) and a sha256 over its
 files, so ``tests/test_parity.py`` can tell a factory change from a model regression.
 
@@ -40,7 +43,7 @@ FORMAT_VERSION = 1
 MAX_NEW_TOKENS = 41          # HF counts talker tokens: 41 tokens -> 40 frames (the last token's frame is never made)
 WAV_FRAMES = 20              # waveform stored for the first 20 frames (20 * 1920 samples)
 SAMPLES_PER_FRAME = 1920
-REF_SR = 24000
+REF_SR = 24000               # rate of ``ref_audio.safetensors``; cases may ask for another (``ref_sr``)
 REF_SECONDS = 0.9
 
 GREEDY = {"do_sample": False, "subtalker_dosample": False, "max_new_tokens": MAX_NEW_TOKENS,
@@ -69,6 +72,14 @@ CASES: list[dict] = [
     dict(name="tiny_base_icl_en", ckpt=("tiny", "base", 3),
          req=dict(api="voice_clone", text="Hello, world! This is a test.", language="english",
                   ref_text="This is the reference voice.", x_vector_only_mode=False)),
+    # Base with the reference clip at 16 kHz / 44.1 kHz: the official package resamples it (librosa soxr_hq)
+    # for both the x-vector and the ICL reference codes.
+    dict(name="tiny_base_icl_ref16k", ckpt=("tiny", "base", 3), ref_sr=16000,
+         req=dict(api="voice_clone", text="Hello, world! This is a test.", language="english",
+                  ref_text="This is the reference voice.", x_vector_only_mode=False)),
+    dict(name="tiny_base_icl_ref44k1", ckpt=("tiny", "base", 3), ref_sr=44100,
+         req=dict(api="voice_clone", text="Cloning a voice from a clip at another rate.", language="english",
+                  ref_text="This is the reference voice.", x_vector_only_mode=False)),
     # --- mid (tts_model_size 1b7: small_to_mtp_projection, CustomVoice takes instruct) --------------
     dict(name="mid_cv_ryan_instruct", ckpt=("mid", "custom_voice", 0), slow=True,
          req=dict(api="custom_voice", text="She sells seashells by the seashore.", speaker="ryan",
@@ -81,6 +92,9 @@ CASES: list[dict] = [
                   ref_text="Reference speech for cloning.", x_vector_only_mode=False, non_streaming_mode=True)),
     dict(name="mid_base_xvec_zh", ckpt=("mid", "base", 2), slow=True,
          req=dict(api="voice_clone", text="我们今天去公园散步吧。", language="chinese", x_vector_only_mode=True)),
+    dict(name="mid_base_xvec_ref44k1", ckpt=("mid", "base", 2), slow=True, ref_sr=44100,
+         req=dict(api="voice_clone", text="The reference clip was recorded at a higher rate.", language="english",
+                  x_vector_only_mode=True)),
 ]
 
 
@@ -115,14 +129,40 @@ def make_ref_audio(seconds: float = REF_SECONDS, sr: int = REF_SR, seed: int = 1
     return wav.astype(np.float32)
 
 
-def _ref_request(case: dict, ref_file: str) -> dict:
+def ref_audio_file(sr: int) -> str:
+    """Golden file name of the synthetic reference clip at ``sr`` Hz."""
+    return "ref_audio.safetensors" if sr == REF_SR else f"ref_audio_{sr}.safetensors"
+
+
+def _ref_request(case: dict) -> dict:
     req = dict(case["req"])
     req["name"] = case["name"]
     req["gen"] = dict(GREEDY)
     if req["api"] == "voice_clone":
-        req["ref_audio_file"] = ref_file
-        req["ref_sr"] = REF_SR
+        sr = int(case.get("ref_sr", REF_SR))
+        req["ref_audio_file"] = ref_audio_file(sr)
+        req["ref_sr"] = sr
     return req
+
+
+def _sha256_f32(x: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(x, dtype="<f4").tobytes()).hexdigest()
+
+
+def _ref_audio_entry(req: dict, ref_clips: dict[int, np.ndarray], official_24k: np.ndarray) -> dict:
+    """cases.json entry of a Base case's reference clip: file, rate, and the official 24 kHz clip it became
+    (length and sha256 of its float32 bytes; at 24 kHz the clip itself). Checks omnilab's ``load_audio``."""
+    from omnilab.audio import load_audio
+
+    sr = int(req["ref_sr"])
+    clip = ref_clips[sr]
+    ours = load_audio(clip, sr=sr)
+    same = ours.shape == official_24k.shape and np.array_equal(ours, official_24k)
+    if not same:
+        print(f"[make_goldens]   WARNING {req['name']}: omnilab.audio.load_audio(clip, sr={sr}) differs from the "
+              f"official 24 kHz clip ({ours.shape} vs {official_24k.shape})", flush=True)
+    return {"file": ref_audio_file(sr), "sample_rate": sr, "samples": int(clip.shape[0]),
+            "resampled_24k": {"samples": int(official_24k.shape[0]), "sha256": _sha256_f32(official_24k)}}
 
 
 def main(argv=None) -> int:
@@ -149,9 +189,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
 
-    ref_wav = make_ref_audio()
-    ref_file = work / "ref_audio.safetensors"
-    save_file({"wav": torch.from_numpy(ref_wav)}, str(ref_file), metadata={"sample_rate": str(REF_SR)})
+    # The synthetic reference voice at every rate the chosen cases need (24 kHz always: ref_audio.safetensors).
+    ref_rates = sorted({REF_SR} | {int(c.get("ref_sr", REF_SR)) for c in cases if c["req"]["api"] == "voice_clone"})
+    ref_clips: dict[int, np.ndarray] = {}
+    for sr in ref_rates:
+        ref_clips[sr] = make_ref_audio(sr=sr)
+        save_file({"wav": torch.from_numpy(ref_clips[sr])}, str(work / ref_audio_file(sr)),
+                  metadata={"sample_rate": str(sr)})
 
     index_path = out / "cases.json"
     index = json.loads(index_path.read_text()) if (index_path.exists() and args.only) else {}
@@ -170,7 +214,7 @@ def main(argv=None) -> int:
         files = checkpoint_hashes(ckpt)
         index["checkpoints"][key] = {"size": size, "variant": variant, "seed": seed,
                                      "sha256": combined_hash(files), "files": files}
-        reqs = [_ref_request(c, ref_file.name) for c in group]
+        reqs = [_ref_request(c) for c in group]
         req_path = work / f"{key}.requests.json"
         req_path.write_text(json.dumps(reqs, indent=2, ensure_ascii=False))
         ref_out = work / f"{key}.out"
@@ -218,11 +262,14 @@ def main(argv=None) -> int:
                 "prompt_len": int(t["prompt_embeds"].shape[0]), "trailing_len": int(t["trailing_text"].shape[0]),
                 "icl": icl_cut,
             }
+            if req["api"] == "voice_clone":
+                index["cases"][c["name"]]["ref_audio"] = _ref_audio_entry(req, ref_clips, t["ref_wav_24k"].numpy())
             print(f"[make_goldens]   {c['name']}: prompt {list(t['prompt_embeds'].shape)}, "
                   f"codes {list(codes.shape)}, {index['cases'][c['name']]['num_unique_c0']} distinct c0", flush=True)
         index["reference"] = manifest["versions"] | {"attn_implementation": manifest["attn_implementation"]}
 
-    shutil.copyfile(ref_file, out / "ref_audio.safetensors")
+    for sr in ref_rates:
+        shutil.copyfile(work / ref_audio_file(sr), out / ref_audio_file(sr))
     index["format"] = FORMAT_VERSION
     index["ref_audio"] = {"file": "ref_audio.safetensors", "sample_rate": REF_SR, "seconds": REF_SECONDS}
     index["generation"] = dict(GREEDY)

@@ -9,7 +9,9 @@ edited package:
 - a forward hook on the talker captures the prefill logits and final-norm hidden of the last
   prompt position (for diagnosis);
 - `model.model.generate` is wrapped to capture the greedy codes [T, 16] and, for Base, the
-  voice-clone prompt (x-vector [H], ICL reference codes [Tr, 16]).
+  voice-clone prompt (x-vector [H], ICL reference codes [Tr, 16]);
+- `model.model.extract_speaker_embedding` is wrapped to capture the 24 kHz reference clip it gets (for a
+  reference at another rate: the output of the official `librosa.resample(..., res_type="soxr_hq")`).
 
 Usage:
     .venv-ref/bin/python scripts/reference/run_reference.py CKPT_DIR REQUESTS.json OUT_DIR
@@ -25,7 +27,7 @@ For each request it writes OUT_DIR/<name>.safetensors (fp32/int64 tensors):
     prompt_embeds [L, H], trailing_text [Ltr, H], tts_pad_embed [H],
     prefill_logits [V], prefill_hidden [H], codes [T, 16],
     wav_api [N] (what the public API returns), wav_codes [T*1920] (speech-tokenizer decode of codes),
-    spk_embedding [H] (Base), ref_codes [Tr, 16] (Base ICL),
+    spk_embedding [H] (Base), ref_codes [Tr, 16] (Base ICL), ref_wav_24k [N24] (Base: the speaker encoder's input),
 and OUT_DIR/manifest.json with the inputs and the run settings.
 """
 from __future__ import annotations
@@ -83,6 +85,15 @@ def _capture_hooks(tts):
         return codes_list, hidden_list
 
     outer.generate = outer_generate
+
+    # The 24 kHz clip the speaker encoder gets (for a non-24 kHz reference: the official librosa resampling).
+    orig_spk = outer.extract_speaker_embedding
+
+    def extract_speaker_embedding(audio, sr):
+        cap["ref_wav_24k"] = np.array(audio, dtype=np.float32, copy=True)
+        return orig_spk(audio=audio, sr=sr)
+
+    outer.extract_speaker_embedding = extract_speaker_embedding
     return cap, handle
 
 
@@ -119,7 +130,8 @@ def _run_one(tts, req: dict, base_dir: Path) -> dict[str, torch.Tensor]:
     finally:
         handle.remove()
         # drop the instance-level wrappers so the next request starts clean
-        for obj, name in ((tts.model.talker, "generate"), (tts.model, "generate")):
+        for obj, name in ((tts.model.talker, "generate"), (tts.model, "generate"),
+                          (tts.model, "extract_speaker_embedding")):
             obj.__dict__.pop(name, None)
 
     codes = cap["codes"].to(torch.int64)  # [T, 16]
@@ -140,6 +152,8 @@ def _run_one(tts, req: dict, base_dir: Path) -> dict[str, torch.Tensor]:
         out["spk_embedding"] = cap["spk_embedding"].contiguous()
     if "ref_codes" in cap:
         out["ref_codes"] = cap["ref_codes"].to(torch.int64).contiguous()
+    if "ref_wav_24k" in cap:
+        out["ref_wav_24k"] = torch.from_numpy(np.ascontiguousarray(cap["ref_wav_24k"]))
     return out
 
 
