@@ -51,7 +51,8 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="omnilab plan", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan threads, CPU lists, KV budget, dtype and chunking for the talker and code2wav stages.",
-        epilog="environment overrides (win over everything):\n" + env_help())
+        epilog="environment overrides (OMNILAB_* win over vLLM's variables, which win over arguments and files):\n"
+               + env_help())
     ap.add_argument("--model", metavar="PATH", help="checkpoint directory (or its config.json); default: the "
                     "released 0.6B geometry")
     ap.add_argument("--profile", default="auto", help=f"auto, a preset ({', '.join(list_presets())}) or a YAML file")

@@ -14,10 +14,18 @@ each stage runs:
   in-process when they share them (mode ``shared``: on few cores a separate process only contends).
   An explicit ``VllmDeploy``/``VllmStageConfig``/dict is used as given.
 
+In this process (the eager backend, ``deploy="inprocess"``) the stages take turns on this process's threads
+(lock-step), so ``prepare`` makes the profile say what runs there (``fit_in_process``): an automatic
+``code2wav_threads`` / ``code2wav_cpus`` become the talker's (source ``placement``, with the reason); explicit
+values stay and are applied around each code2wav call. What cannot apply in a running process (CPU pinning
+of its threads, ``LD_PRELOAD``) is listed in ``Deployment.not_applied`` with the reason, shown in
+``pipe.deployment`` and returned by ``pipe.check_profile()``.
+
 ``Deployment`` is what ``pipe.profile`` / ``pipe.deployment`` show. Plain Python: no vLLM import.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +50,7 @@ class Deployment:
     hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
     weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
     snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
+    not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
 
     def rows(self) -> list[tuple[str, str]]:
         p = self.profile
@@ -60,6 +69,7 @@ class Deployment:
             out.append(("decode weight pages", f"{self.hugepages.label}: {self.hugepages.reason}"))
         if self.snake is not None:
             out.append(("code2wav activation", f"{self.snake.label}: {self.snake.reason}"))
+        out += [(f"not applied: {name}", why) for name, why in self.not_applied]
         return out
 
     def __repr__(self) -> str:
@@ -133,17 +143,11 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
         raise InputError(f"deploy={deploy!r} applies to backend='vllm' only (the eager backend runs in this process)")
     profile = resolve_pipeline_profile(checkpoint_dir, deploy_profile, dtype=dtype, num_threads=num_threads,
                                        max_concurrency=max_concurrency)
-    sched = chunk_schedule if chunk_schedule is not None else (_chunk_schedule(profile) if profile else None)
-    load_dtype = profile.dtype.value if profile is not None else dtype
-    threads = num_threads if profile is None else profile.threads("talker")
     if backend == "eager":
-        why = "the eager backend runs both stages in this process"
-        return Deployment(backend, profile, "in-process", why, load_dtype, threads, sched)
-    mode = "workers" if deploy == "multiprocess" else (deploy or "auto")
-    if not isinstance(mode, str):  # an explicit VllmDeploy / VllmStageConfig / dict
-        return Deployment(backend, profile, "custom", "deploy= given explicitly", load_dtype, num_threads, sched,
-                          vllm_deploy=deploy)
-    if mode == "auto":
+        mode, why = "inprocess", "the eager backend runs both stages in this process"
+    elif deploy is not None and not isinstance(deploy, str):  # an explicit VllmDeploy / VllmStageConfig / dict
+        mode, why = "custom", "deploy= given explicitly"
+    elif deploy in (None, "auto"):
         if profile is None:
             mode, why = "inprocess", "no deploy profile: the engine runs in this process"
         elif profile.mode.value == "split":
@@ -152,7 +156,18 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
             mode, why = "inprocess", ("the profile has the stages share CPUs (mode shared): separate worker "
                                       "processes would only contend for them; deploy='workers' forces them")
     else:
+        mode = "workers" if deploy == "multiprocess" else deploy
         why = f"deploy={deploy!r}"
+    not_applied: tuple[tuple[str, str], ...] = ()
+    if profile is not None and mode == "inprocess":
+        profile, not_applied = fit_in_process(profile)
+    sched = chunk_schedule if chunk_schedule is not None else (_chunk_schedule(profile) if profile else None)
+    load_dtype = profile.dtype.value if profile is not None else dtype
+    threads = num_threads if profile is None else profile.threads("talker")
+    if backend == "eager":
+        return Deployment(backend, profile, "in-process", why, load_dtype, threads, sched, not_applied=not_applied)
+    if mode == "custom":
+        return Deployment(backend, profile, "custom", why, load_dtype, num_threads, sched, vllm_deploy=deploy)
     if profile is None:
         from omnilab.stages.vllm_deploy import VllmDeploy, VllmStageConfig
         spec = VllmDeploy.multiprocess_default() if mode == "workers" else VllmDeploy(
@@ -163,13 +178,55 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     placement = "workers" if mode == "workers" else "in-process"
     # In workers the talker's threads live in its process; this process keeps its own setting.
     return Deployment(backend, profile, placement, why, load_dtype,
-                      None if mode == "workers" else threads, sched, vllm_deploy=spec)
+                      None if mode == "workers" else threads, sched, vllm_deploy=spec, not_applied=not_applied)
 
 
-def check_stages(profile, processes: dict[int, str], info: dict[str, Any]) -> dict[str, Any]:
-    """Compare each stage with ``profile``: a worker process (``processes`` role == stage) by reading back
-    its affinity and threads (``info[stage]()`` reports its torch threads), a stage in this process by
-    this process's torch thread count. Raises ``WorkerError`` naming every difference."""
+def fit_in_process(profile, affinity: set[int] | None = None):
+    """``(profile, not_applied)`` for stages that run in this process, taking turns on its threads.
+
+    An automatic stage layout (mode, code2wav threads and CPU list, planned for a code2wav process beside the
+    talker) becomes ``shared`` on the talker's threads: in lock-step the talker is idle while code2wav runs,
+    so code2wav gets all its threads.
+    Explicit values (environment, argument, preset, file) stay and are applied around each code2wav call.
+    ``not_applied`` names what a running process cannot honour, with the reason."""
+    from omnilab.hardware import format_cpulist
+    from omnilab.profiles.profile import Resolved
+
+    nt, talker_cpus = profile.threads("talker"), profile.cpus("talker")
+    c2w_t, c2w_c, mode = profile.code2wav_threads, profile.code2wav_cpus, profile.mode
+    out = []
+    fitted = (mode.value, c2w_t.value, set(c2w_c.value)) == ("shared", nt, set(talker_cpus))
+    explicit_split = mode.value == "split" and mode.source != "auto"
+    if not fitted and {c2w_t.source, c2w_c.source} == {"auto"} and not explicit_split:
+        lock_step = (f"in this process the stages take turns (lock-step) on the talker's {nt} thread(s), so code2wav "
+                     f"uses them all (the plan's {mode.value} layout with code2wav on {c2w_t.value} thread(s), CPU "
+                     f"{format_cpulist(c2w_c.value)}, was for a code2wav process running beside the talker)")
+        profile = profile.replace(mode=mode if mode.value == "shared" else Resolved("shared", lock_step, "placement"),
+                                  code2wav_threads=Resolved(nt, lock_step, "placement"),
+                                  code2wav_cpus=Resolved(tuple(talker_cpus), lock_step, "placement"))
+    elif mode.value == "split":
+        out.append(("mode", f"'split' ({mode.source}) gives each stage its own CPUs, but in this process the stages "
+                    f"take turns on the same threads; deploy='workers' runs them side by side"))
+    aff = set(os.sched_getaffinity(0)) if affinity is None else set(affinity)
+    for stage in ("talker", "code2wav"):
+        cpus = set(profile.cpus(stage))
+        if cpus != aff:
+            out.append((f"{stage}_cpus", f"{format_cpulist(cpus)} planned, but in-process stages run on this "
+                        f"process's threads, which omnilab does not pin (they may run on CPUs {format_cpulist(aff)}); "
+                        f"deploy='workers' binds each stage to its CPUs"))
+    if profile.preload.value:
+        out.append(("preload", f"LD_PRELOAD={':'.join(profile.preload.value)} applies only to processes started "
+                    f"with it; this process is already running (deploy='workers' starts its workers with it)"))
+    return profile, tuple(out)
+
+
+def check_stages(profile, processes: dict[int, str], info: dict[str, Any],
+                 not_applied: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """Compare each stage with ``profile`` where it runs: a worker process (``processes`` role == stage) by
+    reading back its affinity and threads (``info[stage]()`` reports its torch threads); a stage in this
+    process by the torch threads it runs with (the talker: this process's; code2wav: what its stage reports
+    for its calls). Raises ``WorkerError`` naming every difference. Returns ``{stage: ProcessReadback |
+    threads}`` plus ``"not_applied": {field: reason}`` for what the placement cannot honour."""
     import torch
 
     from omnilab.errors import WorkerError
@@ -177,15 +234,24 @@ def check_stages(profile, processes: dict[int, str], info: dict[str, Any]) -> di
 
     roles = {role: pid for pid, role in processes.items()}
     out: dict[str, Any] = {}
+    diffs: list[str] = []
     for stage in ("talker", "code2wav"):
+        fn = info.get(stage)
         if stage in roles:
-            fn = info.get(stage)
-            out[stage] = check_process(profile, stage, roles[stage],
-                                       reported_threads=fn()["torch_threads"] if fn else None)
-        else:
-            want = profile.threads("talker")  # a stage in this process runs on this process's threads
-            if torch.get_num_threads() != want:
-                raise WorkerError(f"{stage} runs in this process with {torch.get_num_threads()} torch threads; "
-                                  f"the profile says {want}")
-            out[stage] = want
+            try:
+                out[stage] = check_process(profile, stage, roles[stage],
+                                           reported_threads=fn()["torch_threads"] if fn else None)
+            except WorkerError as e:
+                diffs.append(str(e))
+            continue
+        got = torch.get_num_threads()
+        if stage == "code2wav" and fn is not None:
+            got = fn()["torch_threads"]
+        want = profile.threads(stage)
+        if got != want:
+            diffs.append(f"{stage} runs in this process with {got} torch threads; the profile says {want}")
+        out[stage] = got
+    if diffs:
+        raise WorkerError("; ".join(diffs))
+    out["not_applied"] = dict(not_applied)
     return out

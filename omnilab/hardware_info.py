@@ -134,6 +134,19 @@ class HardwareInfo:
             avail = min(avail, self.cgroup_memory_limit_bytes - (self.cgroup_memory_usage_bytes or 0))
         return max(0, avail)
 
+    def node_memory(self, node_id: int) -> tuple[int | None, int | None]:
+        """``(total, available)`` bytes of NUMA node ``node_id`` as vLLM's CPU worker sees them: the node's
+        meminfo, both clamped by the cgroup memory limit (minus its usage for ``available``) when that is
+        smaller; ``(None, None)`` for an unknown node or a machine without per-node meminfo."""
+        node = next((n for n in self.nodes if n.id == node_id), None)
+        total, avail = (node.mem_total_bytes, node.mem_available_bytes) if node else (None, None)
+        limit = self.cgroup_memory_limit_bytes
+        if limit is not None and total is not None and limit < total:
+            total = limit
+            if avail is not None:
+                avail = max(0, min(avail, limit - (self.cgroup_memory_usage_bytes or 0)))
+        return total, avail
+
     def node_of(self, cpu: int) -> int:
         for n in self.nodes:
             if cpu in n.cpus:

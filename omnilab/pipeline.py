@@ -166,7 +166,8 @@ class Pipeline:
             talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy)
         else:
             model = load_model(path, dtype=dep.dtype)
-            talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav)
+            c2w_threads = dep.profile.threads("code2wav") if dep.profile is not None else None
+            talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav, threads=c2w_threads)
         return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,
                    hooks=hooks, deployment=dep)
 
@@ -178,14 +179,16 @@ class Pipeline:
     def check_profile(self) -> dict[str, Any]:
         """Read back every stage's CPU affinity and threads and compare them with :attr:`profile`.
 
-        Returns ``{stage: ProcessReadback}`` for stages in worker processes and ``{stage: threads}`` for
-        stages in this process; raises ``WorkerError`` listing every difference from the plan."""
+        Returns ``{stage: ProcessReadback}`` for stages in worker processes, ``{stage: threads}`` for stages
+        in this process, and ``"not_applied": {field: reason}`` for profile fields the placement cannot
+        honour (e.g. CPU pinning in-process); raises ``WorkerError`` listing every difference from the plan."""
         from omnilab.deployment import check_stages
 
         if self.profile is None:
             raise InputError("this Pipeline has no deploy profile (built with deploy_profile=None)")
         return check_stages(self.profile, self.processes(), {
-            "talker": getattr(self._talker, "summary", None), "code2wav": getattr(self.code2wav, "info", None)})
+            "talker": getattr(self._talker, "summary", None), "code2wav": getattr(self.code2wav, "info", None)},
+            self.deployment.not_applied)
 
     # ---- requests ---------------------------------------------------------------------------------
     def _sampling(self, kw: dict[str, Any]) -> SamplingParams:

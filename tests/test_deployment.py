@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from omnilab.deployment import prepare
-from omnilab.errors import ConfigError, InputError
+from omnilab.errors import ConfigError, InputError, WorkerError
 from omnilab.profiles import DeployProfile, plan
 from omnilab.profiles.planner import as_geometry
+
+TEXT = "Threads where the stage runs."
+KW = dict(speaker="vivian", language="english", do_sample=False, subtalker_do_sample=False, max_new_tokens=5)
 
 
 @pytest.fixture(autouse=True)
@@ -77,11 +80,69 @@ def test_eager_backend_applies_threads_and_chunking(tiny_ckpt):
             assert pipe.profile.threads("talker") == 1 and torch.get_num_threads() == 1
             assert pipe.model.dtype == torch.float32 and pipe.profile.dtype.value == "float32"
             assert pipe.chunk_schedule.steady_frames == pipe.profile.steady_chunk_frames.value
-            assert pipe.check_profile() == {"talker": 1, "code2wav": 1}
             assert pipe.deployment.placement == "in-process"
+            got = pipe.check_profile()
+            assert (got["talker"], got["code2wav"]) == (1, 1)
+            assert set(got["not_applied"]) == {name for name, _ in pipe.deployment.not_applied}
             torch.set_num_threads(2)
-            with pytest.raises(Exception, match="torch threads"):
+            with pytest.raises(WorkerError, match="talker runs in this process with 2 torch threads; the profile "
+                                                  "says 1"):
                 pipe.check_profile()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _shared_profile(**overrides):
+    from omnilab.hardware import probe_hardware
+    from pathlib import Path
+
+    hw = probe_hardware(Path(__file__).parent / "fixtures" / "hardware" / "vm2_avx2.json")
+    return plan(hw, env={}, overrides={"mode": "shared", **overrides})
+
+
+def test_in_process_profile_says_what_runs():
+    """In this process the stages take turns on the talker's threads: an automatic code2wav plan (1 thread on
+    one talker CPU, made for a code2wav process beside the talker) becomes the talker's threads, with the
+    reason; explicit values stay; CPU pinning and LD_PRELOAD, which a running process cannot take, are listed
+    as not applied."""
+    from omnilab.deployment import fit_in_process
+
+    p = _shared_profile(preload="/usr/lib/libfake.so")
+    assert (p.threads("talker"), p.threads("code2wav")) == (2, 1)
+    fitted, not_applied = fit_in_process(p, affinity={0, 1})
+    assert fitted.threads("code2wav") == 2 and fitted.cpus("code2wav") == p.cpus("talker")
+    assert fitted.code2wav_threads.source == "placement" and "lock-step" in fitted.code2wav_threads.reason
+    assert dict(not_applied).keys() == {"preload"} and "LD_PRELOAD" in dict(not_applied)["preload"]
+    _, not_applied = fit_in_process(p, affinity={0, 1, 2, 3})
+    assert {"talker_cpus", "code2wav_cpus", "preload"} == set(dict(not_applied))
+    explicit = _shared_profile(code2wav_threads=1)
+    fitted, _ = fit_in_process(explicit, affinity={0, 1})
+    assert fitted.code2wav_threads == explicit.code2wav_threads  # the user's value is what runs
+
+
+def test_in_process_code2wav_runs_on_the_profile_threads(tiny_ckpt, monkeypatch):
+    """An explicit code2wav thread count is applied around every code2wav call in this process (and this
+    process's count restored), and ``check_profile`` reads it back."""
+    from omnilab.pipeline import Pipeline
+
+    monkeypatch.setenv("OMNILAB_CODE2WAV_THREADS", "1")
+    before = torch.get_num_threads()
+    try:
+        with Pipeline.from_pretrained(tiny_ckpt(), backend="eager", num_threads=2, dtype="float32",
+                                      deploy_profile="vm-2core") as pipe:
+            assert pipe.profile.threads("code2wav") == 1
+            seen = []
+            inner = pipe.code2wav.decoder.decode_chunk
+            monkeypatch.setattr(pipe.code2wav.decoder, "decode_chunk",
+                                lambda *a, **k: (seen.append(torch.get_num_threads()), inner(*a, **k))[1])
+            inner_decode = pipe.code2wav.decoder.decode
+            monkeypatch.setattr(pipe.code2wav.decoder, "decode",
+                                lambda *a, **k: (seen.append(torch.get_num_threads()), inner_decode(*a, **k))[1])
+            list(pipe.stream(TEXT, **KW))
+            pipe.generate(TEXT, **KW)
+            assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+            got = pipe.check_profile()
+            assert (got["talker"], got["code2wav"]) == (2, 1)
     finally:
         torch.set_num_threads(before)
 

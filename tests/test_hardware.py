@@ -82,6 +82,18 @@ def test_cgroup_v2_quota_and_memory_limit():
     assert "3 CPUs" in str(hw)
 
 
+def test_node_memory_is_what_vllm_sees_per_node():
+    """Per-node (total, available) from nodeN/meminfo, clamped by the cgroup limit as vLLM's CPU worker does."""
+    x = probe_hardware(FIX / "xeon_2s_avx512_smt.json")
+    assert x.node_memory(0) == (192 * GiB, 180 * GiB) and x.node_memory(1) == (192 * GiB, 180 * GiB)
+    assert x.node_memory(7) == (None, None)
+    c = probe_hardware(FIX / "container_3cpu_8g.json")  # node: 64 GiB total, 50 available; cgroup 8 GiB, 600 MiB used
+    assert c.node_memory(0) == (8 * GiB, 8 * GiB - (600 << 20))
+    assert "node0: 192.0 GiB total, 180.0 GiB available" in x.summary()["memory per node"]
+    bare = probe_hardware({k: v for k, v in files("vm2_avx2").items() if "/node/" not in k})
+    assert bare.node_memory(0) == (None, None)
+
+
 def test_cgroup_v1_nested_limits_take_the_minimum_up_the_tree():
     f = files("vm2_avx2")
     nested = "/sys/fs/cgroup/memory/process_api/4b8a6f8c9172a98d555762267220525c"

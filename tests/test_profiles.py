@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from omnilab.cli_profile import plan_main, probe_main
 from omnilab.errors import ConfigError, WorkerError
@@ -262,3 +263,167 @@ def test_apply_to_current_process_in_a_worker():
                          env={**env, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
+
+
+# ---------------------------------------------------------------- vLLM's CPU variables (the "env (vLLM)" layer)
+VLLM = "env (vLLM) "
+
+
+def test_vllm_kvcache_space_sets_the_kv_budget():
+    p = plan(hw("vm2_avx2"), env={"VLLM_CPU_KVCACHE_SPACE": "3"})
+    assert p.kv_cache_bytes.value == 3 * GiB and p.kv_cache_bytes.source == VLLM + "VLLM_CPU_KVCACHE_SPACE"
+    assert p.to_env("talker")["VLLM_CPU_KVCACHE_SPACE"] == "3" and p.engine_args()["kv_cache_memory_bytes"] == 3 * GiB
+    assert VLLM + "VLLM_CPU_KVCACHE_SPACE" in str(p)
+    # below OMNILAB_KV_CACHE_GIB, above arguments; the two variables may both be set only when they agree
+    assert plan(hw("vm2_avx2"), env={"VLLM_CPU_KVCACHE_SPACE": "3"},
+                overrides={"kv_cache_gib": 2}).kv_cache_bytes.value == 3 * GiB
+    both = plan(hw("vm2_avx2"), env={"VLLM_CPU_KVCACHE_SPACE": "3", "OMNILAB_KV_CACHE_GIB": "3.0"})
+    assert both.kv_cache_bytes.source == "env OMNILAB_KV_CACHE_GIB"
+    with pytest.raises(ConfigError, match=r"OMNILAB_KV_CACHE_GIB='2' and VLLM_CPU_KVCACHE_SPACE='3' .* disagree"):
+        plan(hw("vm2_avx2"), env={"VLLM_CPU_KVCACHE_SPACE": "3", "OMNILAB_KV_CACHE_GIB": "2"})
+    for bad in ("1.5", "0", "lots"):  # vLLM reads int() GiB
+        with pytest.raises(ConfigError, match=rf"VLLM_CPU_KVCACHE_SPACE='{bad}'"):
+            plan(hw("vm2_avx2"), env={"VLLM_CPU_KVCACHE_SPACE": bad})
+    assert resolve_profile("vm-2core", hardware=hw("vm2_avx2"),  # a complete preset is re-planned under the variable
+                           env={"VLLM_CPU_KVCACHE_SPACE": "2"}).kv_cache_bytes.value == 2 * GiB
+
+
+def test_vllm_threads_bind_lists_ranks_and_keywords(plans):
+    vm, x = hw("vm2_avx2"), hw("xeon_2s_avx512_smt")
+    one = plan(vm, env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
+    assert one.talker_cpus.value == ((0,),) and one.talker_cpus.source == VLLM + "VLLM_CPU_OMP_THREADS_BIND"
+    assert one.talker_threads.value == 1 and one.to_env("talker")["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    ranks = plan(x, env={"VLLM_CPU_OMP_THREADS_BIND": "1-4|29-32"})
+    assert ranks.talker_tp_size.value == 2 and ranks.talker_cpus.value == ((1, 2, 3, 4), (29, 30, 31, 32))
+    assert ranks.to_env("talker")["VLLM_CPU_OMP_THREADS_BIND"] == "1-4|29-32"
+    # auto (vLLM's default): the planner places the talker, and says who asked
+    auto = plan(x, env={"VLLM_CPU_OMP_THREADS_BIND": "AUTO"})
+    assert auto.talker_cpus.value == plans["xeon_2s_avx512_smt"].talker_cpus.value
+    assert auto.talker_cpus.source == VLLM + "VLLM_CPU_OMP_THREADS_BIND" and auto.talker_cpus.reason.startswith("auto")
+    assert plan(x, env={"VLLM_CPU_OMP_THREADS_BIND": "auto", "OMNILAB_TALKER_CPUS": "1-4"}).talker_cpus.value == \
+        ((1, 2, 3, 4),)  # auto fixes nothing, so it never conflicts
+    with pytest.raises(ConfigError, match=r"OMNILAB_TALKER_CPUS='1-4' and VLLM_CPU_OMP_THREADS_BIND='5-8'"):
+        plan(x, env={"VLLM_CPU_OMP_THREADS_BIND": "5-8", "OMNILAB_TALKER_CPUS": "1-4"})
+    # nobind, and 'all' (its name before vLLM 0.10): the talker's threads are not pinned
+    for word in ("nobind", "all"):
+        free = plan(vm, env={"VLLM_CPU_OMP_THREADS_BIND": word})
+        assert free.talker_pinned is False and free.talker_cpus.value == ((0, 1),) and free.mode.value == "shared"
+        assert free.talker_threads.value == 2 and free.to_env("talker")["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+        assert "nobind" in free.talker_cpus.reason and any("not pinned" in w for w in free.warnings)
+        assert DeployProfile.from_yaml(free.to_yaml()) == free
+    wide = plan(x, env={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMNILAB_TALKER_THREADS": "8"})
+    assert wide.talker_cpus.value == (tuple(range(112)),) and wide.talker_threads.value == 8
+    assert wide.reserved_cpus.value == ()  # unpinned threads may run anywhere: nothing can be kept free
+    with pytest.raises(ConfigError, match=r"talker_tp_size=2 .* needs pinned talker CPU lists"):
+        plan(x, env={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMNILAB_TALKER_TP": "2"})
+    with pytest.raises(ConfigError, match=r"VLLM_CPU_OMP_THREADS_BIND='0-x'"):
+        plan(vm, env={"VLLM_CPU_OMP_THREADS_BIND": "0-x"})
+
+
+def test_vllm_reserved_cpu_count_reserves_like_vllm(plans):
+    """vLLM's auto binding takes the count off the end of each rank's per-node list, last rank first."""
+    vm = plan(hw("vm2_avx2"), env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})
+    assert plans["vm2_avx2"].reserved_cpus.value == ()
+    assert vm.reserved_cpus.value == (1,) and vm.reserved_cpus.source == VLLM + "VLLM_CPU_NUM_OF_RESERVED_CPU"
+    assert vm.talker_cpus.value == ((0,),) and vm.code2wav_cpus.value == (0,)  # one core left: shared
+    x = hw("xeon_2s_avx512_smt")
+    tp2 = plan(x, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "3", "OMNILAB_TALKER_TP": "2"})
+    assert tp2.reserved_cpus.value == (27, 54, 55, 83, 110, 111)  # 1 core of node 0, 2 of node 1 (whole cores)
+    assert plans["xeon_2s_avx512_smt"].reserved_cpus.value == (0, 56)
+    assert plan(x, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}).reserved_cpus.value == ()
+    lists = plan(x, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-7"})
+    assert lists.reserved_cpus.value == () and "no effect" in lists.reserved_cpus.reason  # vLLM ignores it too
+    assert plan(x, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMNILAB_RESERVED_CPUS": "none"}).reserved_cpus.value == ()
+    with pytest.raises(ConfigError, match=r"OMNILAB_RESERVED_CPUS='0' and VLLM_CPU_NUM_OF_RESERVED_CPU='1'"):
+        plan(x, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "1", "OMNILAB_RESERVED_CPUS": "0"})
+    with pytest.raises(ConfigError, match=r"VLLM_CPU_NUM_OF_RESERVED_CPU='-1'"):
+        plan(x, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "-1"})
+
+
+def test_kv_budget_is_checked_against_the_talker_numa_node(plans):
+    """304 GiB fits the 2-socket machine (360 GiB available) but not one node (180 GiB), where vLLM puts it."""
+    x = hw("xeon_2s_avx512_smt")
+    assert x.memory_available_bytes == 360 * GiB and x.node_memory(0)[1] == x.node_memory(1)[1] == 180 * GiB
+    with pytest.raises(ConfigError, match=r"304.00 GiB \(env OMNILAB_KV_CACHE_GIB\) is above the NUMA node \d cap"):
+        plan(x, env={"OMNILAB_KV_CACHE_GIB": "304"})
+    p = plans["xeon_2s_avx512_smt"]
+    with pytest.raises(ConfigError, match=r"304.00 GiB \(argument\) is above the available memory of NUMA node \d "
+                                          r"\(180.00 GiB of 192.00 GiB\)"):
+        p.replace(kv_cache_bytes=304 * GiB).check(x)
+    assert plan(x, env={"OMNILAB_KV_CACHE_GIB": "150"}).kv_cache_bytes.value == 150 * GiB
+    assert p.memory_cap_bytes < 180 * GiB  # the cap the planner used is the node's
+    # the auto budget for many long streams shrinks to the node, and says so
+    many = plan(x, env={"OMNILAB_MAX_NUM_SEQS": "300"})  # 300 x 4096 tokens would need 262 GiB
+    assert many.kv_cache_bytes.value <= many.memory_cap_bytes < 180 * GiB and "NUMA node" in many.max_model_len.reason
+
+
+def test_gpu_memory_utilization_is_a_fraction_of_the_node_memory():
+    x = hw("xeon_2s_avx512_smt")
+    p = plan(x, env={}, overrides={"gpu_memory_utilization": 0.5})
+    weights = ModelGeometry.released().resident_bytes(4)
+    assert p.kv_cache_bytes.value == 96 * GiB - weights - 3 * GiB // 4  # ceil(0.5 x 192 GiB) - est. worker RSS
+    assert p.kv_cache_bytes.source == "argument" and "gpu_memory_utilization 0.5" in p.kv_cache_bytes.reason
+    assert "MemTotal 192.00 GiB" in p.kv_cache_bytes.reason
+    # vLLM: an explicit KV size wins in the same layer; a higher layer's fraction wins over a preset's size
+    same = plan(x, env={}, overrides={"gpu_memory_utilization": 0.5, "kv_cache_gib": 4})
+    assert same.kv_cache_bytes.value == 4 * GiB
+    assert plan(x, env={}, defaults={"kv_cache_gib": 4}, overrides={"gpu_memory_utilization": 0.5}
+                ).kv_cache_bytes.value == p.kv_cache_bytes.value
+    assert plan(x, env={"VLLM_CPU_KVCACHE_SPACE": "8"},
+                overrides={"gpu_memory_utilization": 0.5}).kv_cache_bytes.value == 8 * GiB
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0.95 .* above its available 180.00 GiB"):
+        plan(x, env={}, overrides={"gpu_memory_utilization": 0.95})
+    with pytest.raises(ConfigError, match=r"nothing is left for the KV cache"):
+        plan(hw("vm2_avx2"), env={}, overrides={"gpu_memory_utilization": 0.2})
+    with pytest.raises(ConfigError, match=r"argument gpu_memory_utilization=1.5: expected a fraction"):
+        plan(x, env={}, overrides={"gpu_memory_utilization": 1.5})
+
+
+def test_deploy_yaml_takes_vllm_bind_keywords_and_memory_keys(tmp_path):
+    text = resolve_profile("vm-2core", hardware=hw("vm2_avx2"), env={}).to_yaml()
+    talker_bind, c2w_bind = "VLLM_CPU_OMP_THREADS_BIND: 0-1", "VLLM_CPU_OMP_THREADS_BIND: '1'"
+    assert talker_bind in text and c2w_bind in text
+    for talker, code2wav in (("auto", "all"), ("all", "auto"), ("nobind", "nobind")):
+        path = tmp_path / f"{talker}-{code2wav}.yaml"
+        path.write_text(text.replace(talker_bind, f"VLLM_CPU_OMP_THREADS_BIND: {talker}")
+                        .replace(c2w_bind, f"VLLM_CPU_OMP_THREADS_BIND: {code2wav}"))
+        p = resolve_profile(str(path), hardware=hw("vm2_avx2"), env={})
+        assert p.talker_pinned is (talker == "auto") and p.talker_cpus.value == ((0, 1),)
+        assert p.talker_cpus.source == f"file {path}"
+        word = "auto" if talker == "auto" else "nobind"
+        with pytest.raises(ConfigError, match=rf"not a complete deploy profile \(missing talker_cpus "
+                                              rf"\(VLLM_CPU_OMP_THREADS_BIND is '{word}'\), code2wav_cpus"):
+            DeployProfile.from_yaml(path)
+    frac = tmp_path / "frac.yaml"  # a vllm-omni stage with gpu_memory_utilization and no kv_cache_memory_bytes
+    frac.write_text(text.replace("  kv_cache_memory_bytes: 1073741824\n", "  gpu_memory_utilization: 0.6\n")
+                    .replace("        VLLM_CPU_KVCACHE_SPACE: '1'\n", ""))
+    p = resolve_profile(str(frac), hardware=hw("xeon_2s_avx512_smt"), env={})
+    assert "gpu_memory_utilization 0.6" in p.kv_cache_bytes.reason and p.kv_cache_bytes.source == f"file {frac}"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("VLLM_CPU_KVCACHE_SPACE: '1'", "VLLM_CPU_KVCACHE_SPACE: '1.5'")
+                   .replace("  kv_cache_memory_bytes: 1073741824\n", ""))
+    with pytest.raises(ConfigError, match=r"bad.yaml: stage 0 VLLM_CPU_KVCACHE_SPACE='1.5': vLLM reads a whole"):
+        resolve_profile(str(bad), hardware=hw("vm2_avx2"), env={})
+
+
+def test_env_help_lists_the_vllm_variables():
+    from omnilab.profiles.overrides import env_help
+    text = env_help()
+    for var in ("OMNILAB_KV_CACHE_GIB", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+                "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        assert var in text
+
+
+def test_left_context_is_not_a_profile_field_and_says_so():
+    """omnilab's code2wav carries its exact state between chunks, so a left-context setting would do nothing:
+    the variable is refused, and a vllm-omni file's ``codec_left_context_frames`` is read with a warning."""
+    with pytest.raises(ConfigError, match="OMNILAB_LEFT_CONTEXT_FRAMES='72' is not used any more.*unset it"):
+        plan(hw("vm2_avx2"), env={"OMNILAB_LEFT_CONTEXT_FRAMES": "72"})
+    p = plan(hw("vm2_avx2"), env={})
+    assert "left_context_frames" not in p.resolved()
+    doc = yaml.safe_load(p.to_yaml())
+    assert "codec_left_context_frames" not in doc["connectors"]["connector_of_shared_memory"]["extra"]
+    doc["connectors"]["connector_of_shared_memory"]["extra"]["codec_left_context_frames"] = 72
+    got = resolve_profile(doc, hardware=hw("vm2_avx2"), env={})
+    assert got.values() == p.values()
+    assert any("codec_left_context_frames=72 is not applied" in w for w in got.warnings)

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from omnilab.errors import ConfigError
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 
 KERNEL_MODES = ("auto", "omnilab", "omnilab-avx512", "omnilab-avx2", "torch")
@@ -41,12 +42,13 @@ def resolve_kernel(var: str, what: str, name: str, loader: Callable[[Path], Any]
     the ``name`` kernels: ``(lib, reason, source)``, ``lib = loader(built library)`` or ``None`` for torch.
 
     ``source`` is ``"auto"`` or ``"env"``. A torch result's reason ends with ``torch_note``; a kernel's reason
-    is the ISA's (the caller adds what the kernel does). An unknown mode raises ``ValueError`` listing the
-    accepted ones; an explicit ``omnilab*`` mode that cannot be met raises ``RuntimeError``; ``auto`` falls
-    back to torch, with a ``RuntimeWarning`` when the build fails."""
-    raw = (os.environ.get(var, "") if env is None else env).strip().lower() or "auto"
+    is the ISA's (the caller adds what the kernel does). An unknown mode raises ``ConfigError`` (a ``ValueError``)
+    naming the variable, its value and the accepted ones; an explicit ``omnilab*`` mode that cannot be met raises
+    ``RuntimeError``; ``auto`` falls back to torch, with a ``RuntimeWarning`` when the build fails."""
+    text = os.environ.get(var, "") if env is None else env
+    raw = text.strip().lower() or "auto"
     if raw not in KERNEL_MODES:
-        raise ValueError(f"{var}={raw!r} is not a {what} mode; accepted: {', '.join(KERNEL_MODES)}")
+        raise ConfigError(f"{var}={text!r} is not a {what} mode; accepted: {', '.join(KERNEL_MODES)}")
     source = "auto" if raw == "auto" else "env"
     if raw == "torch":
         return None, f"{var}=torch", source

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from omnilab.errors import ConfigError
 from omnilab.kernels.storage import talker_streamed_name
 
 ENV = "OMNILAB_HUGEPAGES"
@@ -55,7 +56,7 @@ def hugepages_choice(env: str | None = None, thp: str | None = "probe") -> Hugep
     given = (os.environ.get(ENV, "") if env is None else env).strip().lower()
     raw = given or "off"
     if raw not in MODES:
-        raise ValueError(f"{ENV}={raw!r} is not a mode; accepted: {', '.join(MODES)}")
+        raise ConfigError(f"{ENV}={raw!r} is not a mode; accepted: {', '.join(MODES)}")
     source = "env" if given else "default"
     if raw == "off":
         why = f"{ENV}=off" if given else (f"default (opt in with {ENV}=on): 2 MiB pages sped up isolated GEMVs "

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omnilab.errors import ConfigError
+
 ENV = "OMNILAB_DECODE_WEIGHTS"
 MODES = ("auto", "bf16", "compute")
 
@@ -73,12 +75,12 @@ def weight_storage_choice(compute: torch.dtype, env: str | None = None) -> Weigh
     given = (os.environ.get(ENV, "") if env is None else env).strip().lower()
     raw = given or "auto"
     if raw not in MODES:
-        raise ValueError(f"{ENV}={raw!r} is not a decode-weight storage; accepted: {', '.join(MODES)}")
+        raise ConfigError(f"{ENV}={raw!r} is not a decode-weight storage; accepted: {', '.join(MODES)}")
     source = "env" if given else "auto"
     name = str(compute).removeprefix("torch.")
     if compute != torch.float32:
         if raw == "bf16" and compute != torch.bfloat16:
-            raise ValueError(f"{ENV}=bf16 needs a float32 or bfloat16 compute dtype, got {name}")
+            raise ConfigError(f"{ENV}=bf16 needs a float32 or bfloat16 compute dtype, got {name}")
         return WeightStorage(False, name, f"compute dtype is {name}: matrices are stored in it", source)
     if raw == "compute":
         return WeightStorage(False, name, f"{ENV}=compute: fp32 copies of the bf16 matrices (2x the bytes per "

@@ -7,24 +7,11 @@ worker ``LD_PRELOAD``, each as ``Resolved(value, reason, source)``. ``resolve_pr
 deploy_profile=...)`` takes). Profiles round-trip through vllm-omni-style deploy YAML
 (``DeployProfile.to_yaml/from_yaml``). Plain Python + PyYAML: importing this imports no torch or vLLM.
 
-Environment overrides (they win over arguments, presets and files):
-
-  OMNILAB_STAGE_MODE           split | shared
-  OMNILAB_TALKER_TP            tensor-parallel talker ranks, one per NUMA node
-  OMNILAB_TALKER_THREADS       OpenMP threads per talker rank
-  OMNILAB_TALKER_CPUS          talker CPU list(s), '|' between ranks ('0-13|28-41')
-  OMNILAB_CODE2WAV_THREADS     code2wav OpenMP threads
-  OMNILAB_CODE2WAV_CPUS        code2wav CPU list ('14-15')
-  OMNILAB_RESERVED_CPUS        CPUs kept free for the notebook / front-end ('0', or 'none')
-  OMNILAB_DTYPE                float32 | bfloat16
-  OMNILAB_MAX_NUM_SEQS         concurrent talker sequences
-  OMNILAB_MAX_MODEL_LEN        talker context length (tokens)
-  OMNILAB_KV_CACHE_GIB         talker KV cache budget in GiB (float)
-  OMNILAB_FIRST_CHUNK_FRAMES   frames in the first code2wav chunk
-  OMNILAB_CHUNK_RAMP           chunk sizes after the first ('4,8,16', or 'none')
-  OMNILAB_CHUNK_FRAMES         steady-state chunk size (frames)
-  OMNILAB_LEFT_CONTEXT_FRAMES  code2wav left context (frames)
-  OMNILAB_PRELOAD              worker LD_PRELOAD, ':'-separated, or 'none'
+Overrides, highest first: ``OMNILAB_*`` variables, then vLLM's own CPU variables (``VLLM_CPU_KVCACHE_SPACE``,
+``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_NUM_OF_RESERVED_CPU``; source ``env (vLLM) NAME``), then arguments,
+then preset/file values, then the planner's own choice. An ``OMNILAB_*`` variable and the vLLM variable for the
+same field that disagree are a ``ConfigError``. ``omnilab.profiles.overrides.env_help()`` (and ``omnilab plan
+--help``) lists every variable.
 """
 from omnilab.profiles.cost import ModelGeometry, StageTimes, StreamEstimate
 from omnilab.profiles.deploy_yaml import list_presets, resolve_profile

@@ -5,7 +5,12 @@ Contract: ``profile_to_yaml`` writes the vllm-omni layout (``connectors`` with t
 ``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``VLLM_CPU_KVCACHE_SPACE``, ``LD_PRELOAD``) plus an
 ``omnilab:`` block with every field's reason and source, so ``profile_from_yaml(profile_to_yaml(p)) == p``.
 A file or preset may also be partial: ``resolve_profile`` then plans the missing fields (values from the
-file rank below arguments and ``OMNILAB_*`` environment variables). Errors name the file and key.
+file rank below arguments, ``OMNILAB_*`` and vLLM's CPU environment variables). The env blocks take vLLM's
+syntax: ``VLLM_CPU_OMP_THREADS_BIND`` CPU lists (``|`` between ranks), ``auto`` (the planner places the
+stage), ``nobind`` or ``all`` (talker: unpinned threads; code2wav, whose omnilab worker always pins its
+threads: placed by the planner); ``VLLM_CPU_KVCACHE_SPACE`` in whole GiB; a talker stage's
+``gpu_memory_utilization`` sizes the KV budget as vLLM's CPU worker does unless ``kv_cache_memory_bytes`` is
+given. Errors name the file and key.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import yaml
 from omnilab.errors import ConfigError
 from omnilab.hardware import format_cpulist
 from omnilab.profiles.cost import StreamEstimate
-from omnilab.profiles.overrides import FIELDS
+from omnilab.profiles.overrides import BIND_WORDS, EXTRA_ARGS, FIELDS, NOBIND, Overrides, whole_gib
 from omnilab.profiles.profile import DeployProfile, Resolved
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -33,7 +38,6 @@ def list_presets() -> list[str]:
 def profile_to_yaml(profile: DeployProfile, path: str | os.PathLike | None = None) -> str:
     v = profile.values()
     extra: dict[str, Any] = {"codec_streaming": True, "codec_chunk_frames": v["steady_chunk_frames"],
-                             "codec_left_context_frames": v["left_context_frames"],
                              "initial_codec_chunk_frames": v["first_chunk_frames"]}
     if v["chunk_ramp_frames"]:
         extra["codec_chunk_ramp"] = [v["first_chunk_frames"], *v["chunk_ramp_frames"]]
@@ -58,6 +62,7 @@ def profile_to_yaml(profile: DeployProfile, path: str | os.PathLike | None = Non
         "omnilab": {"format": 1, "hardware": profile.hardware, "memory_cap_bytes": profile.memory_cap_bytes,
                     "estimate": dataclasses.asdict(profile.estimate) if profile.estimate else None,
                     "warnings": list(profile.warnings),
+                    **({} if profile.talker_pinned else {"unpinned_talker_cpus": format_cpulist(v["talker_cpus"][0])}),
                     "reasons": {k: {"source": r.source, "reason": r.reason} for k, r in profile.resolved().items()}},
     }
     head = (f"# omnilab deploy profile {profile.name!r}: vllm-omni deploy format (stages + platforms.cpu overlay).\n"
@@ -122,13 +127,11 @@ def values_from_doc(doc: Mapping[str, Any], label: str) -> dict[str, Any]:
     elif "initial_codec_chunk_frames" in extra:
         raw["first_chunk_frames"] = (extra["initial_codec_chunk_frames"], "initial_codec_chunk_frames")
         raw["chunk_ramp_frames"] = ((), "codec_chunk_ramp")
-    for key, fld in (("codec_chunk_frames", "steady_chunk_frames"), ("codec_left_context_frames",
-                                                                      "left_context_frames")):
-        if key in extra:
-            raw[fld] = (extra[key], key)
+    if "codec_chunk_frames" in extra:
+        raw["steady_chunk_frames"] = (extra["codec_chunk_frames"], "codec_chunk_frames")
     s0, s1 = stages.get(0, {}), stages.get(1, {})
     for key, fld in (("dtype", "dtype"), ("max_num_seqs", "max_num_seqs"), ("max_model_len", "max_model_len"),
-                     ("tensor_parallel_size", "talker_tp_size")):
+                     ("tensor_parallel_size", "talker_tp_size"), ("gpu_memory_utilization", "gpu_memory_utilization")):
         if key in s0:
             raw[fld] = (s0[key], f"stages[0].{key}")
     if "dtype" in s1 and "dtype" in s0 and str(s1["dtype"]) != str(s0["dtype"]):
@@ -137,10 +140,12 @@ def values_from_doc(doc: Mapping[str, Any], label: str) -> dict[str, Any]:
     if "kv_cache_memory_bytes" in s0:
         raw["kv_cache_bytes"] = (s0["kv_cache_memory_bytes"], "stages[0].kv_cache_memory_bytes")
     elif "VLLM_CPU_KVCACHE_SPACE" in e0:
-        raw["kv_cache_bytes"] = (float(e0["VLLM_CPU_KVCACHE_SPACE"]) * (1 << 30), "VLLM_CPU_KVCACHE_SPACE (GiB)")
+        raw["kv_cache_bytes"] = (whole_gib(e0["VLLM_CPU_KVCACHE_SPACE"], f"{label}: stage 0 VLLM_CPU_KVCACHE_SPACE"),
+                                 "VLLM_CPU_KVCACHE_SPACE (GiB)")
     for env, prefix in ((e0, "talker"), (e1, "code2wav")):
-        if "VLLM_CPU_OMP_THREADS_BIND" in env:
-            raw[f"{prefix}_cpus"] = (str(env["VLLM_CPU_OMP_THREADS_BIND"]), "VLLM_CPU_OMP_THREADS_BIND")
+        bind = str(env.get("VLLM_CPU_OMP_THREADS_BIND", "")).strip()
+        if bind and not (prefix == "code2wav" and bind.lower() in BIND_WORDS):  # code2wav keywords: planner places
+            raw[f"{prefix}_cpus"] = (bind, "VLLM_CPU_OMP_THREADS_BIND")
         if "OMP_NUM_THREADS" in env:
             raw[f"{prefix}_threads"] = (env["OMP_NUM_THREADS"], "OMP_NUM_THREADS")
     if "LD_PRELOAD" in e0:
@@ -161,8 +166,29 @@ def values_from_doc(doc: Mapping[str, Any], label: str) -> dict[str, Any]:
             if out[fld] < 1:
                 raise ConfigError(f"{where}={value!r}: must be positive")
         else:
-            out[fld] = FIELDS[fld][1](value, where)
+            out[fld] = (EXTRA_ARGS.get(fld) or FIELDS[fld][1])(value, where)
     return out
+
+
+def _open_bind(doc: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    """The talker bind is a keyword the file does not resolve: ``auto`` (the planner places the talker), or
+    ``nobind`` without the CPU list it was planned on (``omnilab.unpinned_talker_cpus``)."""
+    cpus = values.get("talker_cpus")
+    return isinstance(cpus, str) and not (cpus == NOBIND and (doc.get("omnilab") or {}).get("unpinned_talker_cpus"))
+
+
+def doc_notes(doc: Mapping[str, Any], label: str) -> tuple[str, ...]:
+    """Warnings for keys of a vllm-omni document that omnilab reads but does not apply, with the reason."""
+    extra = ((doc.get("connectors") or {}).get(_CONNECTOR, {}) or {}).get("extra") or {}
+    if "codec_left_context_frames" in extra:
+        return (f"{label}: codec_left_context_frames={extra['codec_left_context_frames']!r} is not applied: omnilab's "
+                f"code2wav carries its exact decoder state (conv contexts, the attention window) from chunk to chunk, "
+                f"so no left context is recomputed and streaming equals offline",)
+    return ()
+
+
+def _complete(doc: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    return all(f in values for f in FIELDS) and not _open_bind(doc, values)
 
 
 def profile_from_yaml(source: Any) -> DeployProfile:
@@ -170,13 +196,19 @@ def profile_from_yaml(source: Any) -> DeployProfile:
     doc, label = load_yaml_doc(source)
     values = values_from_doc(doc, label)
     missing = [f for f in FIELDS if f not in values]
+    if _open_bind(doc, values):
+        missing.insert(0, f"talker_cpus (VLLM_CPU_OMP_THREADS_BIND is {values['talker_cpus']!r})")
     if missing:
         raise ConfigError(f"{label} is not a complete deploy profile (missing {', '.join(missing)}); "
                           f"resolve_profile({label!r}) plans the missing fields")
     meta = doc.get("omnilab") or {}
+    pinned = values["talker_cpus"] != NOBIND
+    if not pinned:
+        values["talker_cpus"] = FIELDS["talker_cpus"][1](meta["unpinned_talker_cpus"],
+                                                         f"{label}: omnilab.unpinned_talker_cpus")
     reasons = meta.get("reasons") or {}
     fields = {}
-    for f, v in values.items():
+    for f, v in ((f, v) for f, v in values.items() if f in FIELDS):
         r = reasons.get(f) or {}
         fields[f] = Resolved(v, str(r.get("reason") or f"from {label}"), str(r.get("source") or f"file {label}"))
     est = meta.get("estimate")
@@ -186,7 +218,8 @@ def profile_from_yaml(source: Any) -> DeployProfile:
         raise ConfigError(f"{label}: omnilab.estimate is malformed: {e}") from None
     return DeployProfile(name=str(doc.get("name") or Path(label).stem), estimate=estimate,
                          memory_cap_bytes=meta.get("memory_cap_bytes"), hardware=str(meta.get("hardware") or ""),
-                         warnings=tuple(meta.get("warnings") or ()), **fields)
+                         warnings=tuple(meta.get("warnings") or ()) + doc_notes(doc, label), talker_pinned=pinned,
+                         **fields)
 
 
 def resolve_profile(spec: Any = "auto", *, hardware=None, model_config=None, env: Mapping[str, str] | None = None,
@@ -216,9 +249,9 @@ def resolve_profile(spec: Any = "auto", *, hardware=None, model_config=None, env
                           f"and not an existing YAML file")
     doc, label = load_yaml_doc(path)
     values = values_from_doc(doc, label)
-    env_set = any(str(env.get(var, "")).strip() for var, _, _ in FIELDS.values())
-    if len(values) == len(FIELDS) and not env_set and not plan_kwargs:
+    if _complete(doc, values) and not Overrides(env).env_set() and not plan_kwargs:
         profile = profile_from_yaml(doc if isinstance(path, Mapping) else path)
-        return dataclasses.replace(profile, name=name, warnings=tuple(profile.check(hw)))
-    return plan(hw, model_config, defaults=values, defaults_source=source, env=env,
-                name=str(doc.get("name") or name), **plan_kwargs)
+        return dataclasses.replace(profile, name=name, warnings=tuple(profile.check(hw)) + doc_notes(doc, label))
+    profile = plan(hw, model_config, defaults=values, defaults_source=source, env=env,
+                   name=str(doc.get("name") or name), **plan_kwargs)
+    return dataclasses.replace(profile, warnings=profile.warnings + doc_notes(doc, label))

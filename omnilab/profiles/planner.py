@@ -1,12 +1,14 @@
 """``plan(hardware, model_config)`` -> ``DeployProfile``: every knob sized for one machine, with reasons.
 
 Contract: pure function of (``HardwareInfo``, model geometry, optional measured ``StageTimes``, override
-layers). Order: dtype -> cost model -> reserved CPUs -> stage placement (mode, TP, threads, CPU lists) ->
-KV budget -> chunking -> preload. Placement enumerates candidates (shared cores; split within a node;
-split across nodes), scores them with the cost model and keeps the fastest steady state, preferring an
-earlier first audio and then fewer CPUs among those within 3 %. Every CPU list stays inside one NUMA node
-and holds one CPU per physical core (the first SMT thread). Fixed values the machine cannot honour raise
-``ConfigError`` naming the value.
+layers, see ``overrides.py``). Order: dtype -> cost model -> reserved CPUs -> stage placement (mode, TP,
+threads, CPU lists) -> KV budget (``memory.py``) -> chunking -> preload. Placement enumerates candidates
+(shared cores; split within a node; split across nodes), scores them with the cost model and keeps the
+fastest steady state, preferring an earlier first audio and then fewer CPUs among those within 3 %. Every
+CPU list stays inside one NUMA node and holds one CPU per physical core (the first SMT thread), except an
+unpinned talker (``VLLM_CPU_OMP_THREADS_BIND=nobind``/``all``: every usable CPU, shared with code2wav).
+``VLLM_CPU_NUM_OF_RESERVED_CPU`` reserves cores the way vLLM's auto binding does. Fixed values the machine
+cannot honour raise ``ConfigError`` naming the value.
 """
 from __future__ import annotations
 
@@ -21,12 +23,10 @@ from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, probe_hardware
 from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, SHARED_PENALTY, CostModel, ModelGeometry, StageTimes,
                                    doubling_ramp, estimate)
-from omnilab.profiles.overrides import Overrides
-from omnilab.profiles.profile import BLOCK_SIZE, DeployProfile, Resolved
+from omnilab.profiles.memory import kv_budget
+from omnilab.profiles.overrides import NOBIND, Overrides, vllm_reserved_cores
+from omnilab.profiles.profile import DeployProfile, Resolved
 
-RUNTIME_BYTES_PER_PROCESS = 3 * GiB // 4   # torch + vLLM import RSS per process (engine core, 2 workers)
-NUM_PROCESSES = 3
-DEFAULT_MAX_MODEL_LEN = 4096               # vllm-omni talker default
 RESERVE_FROM_CORES = 8                     # reserve a front-end core only when the compute budget is >= this
 NEAR_BEST = 1.03
 FIRST_CHOICES, STEADY_CHOICES = (1, 2, 3, 4, 6, 8, 12), (8, 12, 16, 25, 32, 50)
@@ -43,6 +43,7 @@ class _Cand:
     ttfa_ms: float
     where: str           # talker node(s)
     c2w_where: str       # code2wav node
+    threads: int = 0     # talker threads per rank (0: one per listed CPU)
 
     @property
     def num_cpus(self) -> int:
@@ -83,7 +84,9 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
         stage_times: measured per-frame times; otherwise they are estimated from bytes and FLOPs per frame.
         overrides: field -> value (see ``omnilab.profiles.overrides.FIELDS``), source "argument".
         defaults: preset or file values, below arguments; ``defaults_source`` labels them.
-        env: environment (default ``os.environ``); ``OMNILAB_*`` variables win over everything.
+        env: environment (default ``os.environ``); ``OMNILAB_*`` variables win over everything, vLLM's CPU
+            variables (``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND``,
+            ``VLLM_CPU_NUM_OF_RESERVED_CPU``) over arguments (see ``omnilab.profiles.overrides``).
     """
     hw = hardware or probe_hardware()
     geo = as_geometry(model_config)
@@ -97,10 +100,13 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     placed = _place(hw, cost, ov, reserved.value, pools, budget)
     tp = placed["talker_tp_size"].value
     cost_tp = dataclasses.replace(cost, talker_ms_1=cost.talker_ms_1 / tp) if tp > 1 else cost
-    mem, cap = _memory(hw, geo, dtype.value, ov)
+    nodes = [hw.node_of(r[0]) for r in placed["talker_cpus"].value]
+    mem, cap = kv_budget(hw, geo, dtype.value, ov, nodes)
     chunks, est = _chunking(cost_tp, geo, ov, placed)
+    pinned = (ov.get("talker_cpus") or (None,))[0] != NOBIND
     profile = DeployProfile(name=name, reserved_cpus=reserved, dtype=dtype, preload=_preload(hw, ov), **placed,
-                            **mem, **chunks, estimate=est, memory_cap_bytes=cap, hardware=_hw_line(hw))
+                            **mem, **chunks, estimate=est, memory_cap_bytes=cap, hardware=_hw_line(hw),
+                            talker_pinned=pinned)
     return dataclasses.replace(profile, warnings=tuple(profile.check(hw)))
 
 
@@ -133,9 +139,19 @@ def _reserve(hw: HardwareInfo, ov: Overrides):
         raise ConfigError(f"no usable CPU: affinity mask {format_cpulist(hw.affinity_cpus)!r} holds no online CPU")
     quota_note = f" (cgroup quota {hw.cpu_quota:g} CPUs)" if hw.cpu_quota and hw.cpu_quota < len(cores) else ""
     budget = max(1, min(math.floor(hw.cpu_limit), len(cores)))
-    o = ov.get("reserved_cpus")
-    if o:
+    o, bind = ov.get("reserved_cpus"), ov.get("talker_cpus")
+    if o and isinstance(o[0], int):
+        tpo = ov.get("talker_tp_size")
+        reserved = vllm_reserved_cores(hw, o[0], o[1], bind, tpo[0] if tpo else 1)
+    elif o:
+        if bind and bind[0] == NOBIND and o[0]:
+            raise ConfigError(f"reserved_cpus {format_cpulist(o[0])!r} ({o[1]}) cannot be kept free: talker_cpus "
+                              f"'nobind' ({bind[1]}) leaves the talker's threads unpinned on every usable CPU; "
+                              f"bind CPU lists instead or drop the reservation")
         reserved = Resolved(o[0], _set(o[1], "kept free for the notebook kernel / front-end"), o[1])
+    elif bind and bind[0] == NOBIND:
+        reserved = Resolved((), f"none: talker_cpus 'nobind' ({bind[1]}) lets the talker's threads run on every "
+                            f"usable CPU, so none can be kept free")
     elif budget >= RESERVE_FROM_CORES:
         first = cores[0]
         reserved = Resolved(first.cpus, f"1 physical core (CPU {format_cpulist(first.cpus)}) kept for the notebook "
@@ -156,14 +172,14 @@ def _reserve(hw: HardwareInfo, ov: Overrides):
 
 
 # ---------------------------------------------------------------- placement
-def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = "") -> _Cand:
-    tp, nt, nc = len(ranks), len(ranks[0]), len(c2w)
+def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = "", threads: int = 0) -> _Cand:
+    tp, nt, nc = len(ranks), threads or len(ranks[0]), len(c2w)
     allreduce = 0.0 if tp == 1 else 0.05 * 2 * (cost.geometry.talker_layers + 15 * cost.geometry.predictor_layers)
     t = cost.talker_ms(nt) / tp + allreduce
     c = cost.code2wav_ms_per_frame(nc)
     frame = max(t, c) if mode == "split" else (t + c) * SHARED_PENALTY
     return _Cand(mode, tuple(map(tuple, ranks)), tuple(c2w), t, c, frame, t + cost.chunk_ms(1, nc), where,
-                 c2w_where or where)
+                 c2w_where or where, nt)
 
 
 def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
@@ -209,6 +225,11 @@ def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
 def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, budget) -> dict[str, Resolved]:
     got = {k: ov.get(k) for k in ("mode", "talker_tp_size", "talker_threads", "talker_cpus", "code2wav_threads",
                                   "code2wav_cpus")}
+    bind = got["talker_cpus"] if got["talker_cpus"] and isinstance(got["talker_cpus"][0], str) else None
+    if bind and bind[0] == NOBIND:
+        return _unpinned(hw, cost, got, reserved, budget)
+    if bind:  # auto: nothing fixed, the planner places the talker (its source is shown)
+        got["talker_cpus"] = None
     ranks_f = got["talker_cpus"][0] if got["talker_cpus"] else None
     if ranks_f and got["talker_tp_size"] and got["talker_tp_size"][0] != len(ranks_f):
         raise ConfigError(f"talker_tp_size={got['talker_tp_size'][0]} ({got['talker_tp_size'][1]}) but talker_cpus "
@@ -238,7 +259,53 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
     pick = min(near, key=lambda c: (c.mode != "split", round(c.ttfa_ms / max(ttfa0 * 0.05, 1e-9)), c.num_cpus))
     others = [c for c in cands if c.mode != pick.mode]
     alt = min(others, key=lambda c: c.frame_ms) if others else None
-    return _explain(pick, alt, got, cost, pools, hw)
+    out = _explain(pick, alt, got, cost, pools, hw)
+    if bind:
+        r = out["talker_cpus"]
+        out["talker_cpus"] = Resolved(r.value, f"auto ({bind[1]}): placed by the planner with vLLM's auto-binding "
+                                      f"rules (rank i on its own NUMA node, one CPU per physical core); {r.reason}",
+                                      bind[1])
+    return out
+
+
+def _unpinned(hw: HardwareInfo, cost: CostModel, got, reserved, budget) -> dict[str, Resolved]:
+    """``VLLM_CPU_OMP_THREADS_BIND=nobind`` (or ``all``): vLLM leaves the talker's OpenMP threads unpinned, so
+    its CPU list is every usable CPU, the threads one per usable physical core unless fixed, and code2wav
+    (always pinned) shares them."""
+    src = got["talker_cpus"][1]
+    for key, bad in (("talker_tp_size", lambda v: v > 1), ("mode", lambda v: v == "split")):
+        if got[key] and bad(got[key][0]):
+            raise ConfigError(f"{key}={got[key][0]!r} ({got[key][1]}) needs pinned talker CPU lists, but talker_cpus "
+                              f"is 'nobind' ({src}): one unpinned CPU set for one rank, shared with code2wav")
+    cpus = tuple(c for c in hw.usable_cpus if c not in reserved)
+    cores = [c.cpus[0] for c in hw.usable_cores if not set(c.cpus) & set(reserved)]
+    nt = got["talker_threads"][0] if got["talker_threads"] else min(len(cores), budget)
+    nc = got["code2wav_threads"][0] if got["code2wav_threads"] else 1
+    c2w = got["code2wav_cpus"][0] if got["code2wav_cpus"] else tuple(cores[-nc:])
+    if nt > len(cpus) or not set(c2w) <= set(cpus) or len(c2w) != nc:
+        raise ConfigError(f"no placement with an unpinned talker ('nobind', {src}) on CPUs {format_cpulist(cpus)}: "
+                          f"talker_threads {nt}, code2wav CPUs {format_cpulist(c2w)!r} ({nc} thread(s))")
+    pick = _score(cost, "shared", (cpus,), c2w, "every usable CPU (unpinned)", threads=nt)
+    nodes = sorted({hw.node_of(c) for c in cpus})
+
+    def res(key: str, value, auto_reason: str) -> Resolved:
+        return Resolved(value, _set(got[key][1]), got[key][1]) if got[key] else Resolved(value, auto_reason)
+
+    return {
+        "mode": res("mode", "shared", f"shared: the talker's threads are unpinned ('nobind', {src}), so code2wav's "
+                    f"CPUs are talker CPUs too; est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks"),
+        "talker_tp_size": res("talker_tp_size", 1, "1: an unpinned talker is one rank"),
+        "talker_threads": res("talker_threads", nt, f"{nt}: one per usable physical core, est. {pick.talker_ms:.0f} "
+                              f"ms/frame ({cost.source}); vLLM sets no OMP_NUM_THREADS under nobind, so the worker "
+                              f"is started with this one"),
+        "talker_cpus": Resolved((cpus,), f"nobind ({src}): vLLM does not pin the talker's OpenMP threads; they may "
+                                f"run on any of these {len(cpus)} usable CPUs (NUMA node(s) "
+                                f"{', '.join(map(str, nodes))}), SMT siblings included", src),
+        "code2wav_threads": res("code2wav_threads", nc, f"{nc} thread(s), est. {pick.code2wav_ms:.0f} ms/frame at "
+                                f"25-frame chunks"),
+        "code2wav_cpus": res("code2wav_cpus", c2w, "the last usable physical core(s), pinned (code2wav's worker "
+                             "always pins its threads)"),
+    }
 
 
 def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: HardwareInfo) -> dict[str, Resolved]:
@@ -273,71 +340,10 @@ def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: Ha
     }
 
 
-# ---------------------------------------------------------------- memory and KV budget
-def _memory(hw: HardwareInfo, geo: ModelGeometry, dtype: str, ov: Overrides):
-    nbytes = 2 if dtype == "bfloat16" else 4
-    per_tok = geo.kv_bytes_per_token(nbytes)
-    avail = hw.memory_available_bytes
-    weights = geo.resident_bytes(nbytes)
-    runtime = NUM_PROCESSES * RUNTIME_BYTES_PER_PROCESS
-    margin = max(GiB // 2, avail // 20)
-    cap = avail - weights - runtime - margin
-    cg = " capped by the cgroup limit" if hw.cgroup_memory_limit_bytes else ""
-    cap_why = (f"memory cap {cap / GiB:.2f} GiB = usable {avail / GiB:.2f} GiB (MemAvailable{cg}) - weights "
-               f"{weights / GiB:.2f} GiB - runtime {runtime / GiB:.2f} GiB - margin {margin / GiB:.2f} GiB")
-    block = BLOCK_SIZE * per_tok
-
-    def need(seqs: int, length: int) -> int:  # vLLM keeps one block in reserve
-        return (seqs * -(-length // BLOCK_SIZE) + 1) * block
-
-    so, lo, ko = ov.get("max_num_seqs"), ov.get("max_model_len"), ov.get("kv_cache_bytes")
-    seqs = so[0] if so else 1
-    length = lo[0] if lo else min(DEFAULT_MAX_MODEL_LEN, geo.max_position_embeddings)
-    if length > geo.max_position_embeddings:
-        raise ConfigError(f"max_model_len={length} ({lo[1]}) exceeds the talker's max_position_embeddings "
-                          f"{geo.max_position_embeddings}")
-    if cap < 2 * block:
-        raise ConfigError(f"not enough memory for {geo.name} in {dtype}: {cap_why}")
-    seq_why = _set(so[1]) if so else "1 stream at a time (notebook use); pass max_concurrency= for serving"
-    len_why = _set(lo[1]) if lo else (f"{length} tokens (vllm-omni talker default): about "
-                                      f"{(length - 100) / 12.5 / 60:.1f} min of audio at 12.5 frames/s")
-    if ko:
-        kv = ko[0]
-        if kv > cap:
-            raise ConfigError(f"kv_cache_bytes {kv / GiB:.2f} GiB ({ko[1]}) is above the {cap_why}")
-        if kv < need(1, length):
-            raise ConfigError(f"kv_cache_bytes {kv / GiB:.2f} GiB ({ko[1]}) cannot hold one {length}-token sequence "
-                              f"(needs {need(1, length) / GiB:.2f} GiB at {per_tok} B/token)")
-        kv_why = _set(ko[1], f"holds {kv // per_tok} tokens at {per_tok} B/token; {cap_why}")
-    else:
-        if need(seqs, length) > cap:
-            if lo:
-                raise ConfigError(f"max_num_seqs {seqs} x max_model_len {length} ({lo[1]}) needs "
-                                  f"{need(seqs, length) / GiB:.2f} GiB of KV cache, above the {cap_why}")
-            length = ((cap // block - 1) // seqs) * BLOCK_SIZE
-            if length < 2 * BLOCK_SIZE:
-                raise ConfigError(f"max_num_seqs {seqs} ({so[1] if so else 'auto'}) leaves under 256 tokens of KV "
-                                  f"per sequence: {cap_why}")
-            len_why = f"{length} tokens: the most that fits the {cap_why} at {per_tok} B/token"
-        kv = need(seqs, length)
-        whole = -(-kv // GiB) * GiB
-        rounded = whole <= cap
-        kv_why = (f"{seqs} seq x {length} tokens x {per_tok} B/token ({geo.talker_layers} layers x 2 x "
-                  f"{geo.talker_kv_heads} kv heads x {geo.talker_head_dim} x {nbytes} B; {BLOCK_SIZE}-token blocks "
-                  f"+ 1 spare) = {kv / GiB:.2f} GiB"
-                  + (f", rounded up to {whole // GiB} GiB so VLLM_CPU_KVCACHE_SPACE is exact" if rounded else "")
-                  + f"; {cap_why}")
-        kv = whole if rounded else kv
-    return ({"max_num_seqs": Resolved(seqs, seq_why, so[1] if so else "auto"),
-             "max_model_len": Resolved(length, len_why, lo[1] if lo else "auto"),
-             "kv_cache_bytes": Resolved(kv, kv_why, ko[1] if ko else "auto")}, cap)
-
-
 # ---------------------------------------------------------------- chunking
 def _chunking(cost: CostModel, geo: ModelGeometry, ov: Overrides, placed: dict[str, Resolved]):
     mode, nt, nc = placed["mode"].value, placed["talker_threads"].value, placed["code2wav_threads"].value
-    fo, ro, so, lo = (ov.get(k) for k in ("first_chunk_frames", "chunk_ramp_frames", "steady_chunk_frames",
-                                          "left_context_frames"))
+    fo, ro, so = (ov.get(k) for k in ("first_chunk_frames", "chunk_ramp_frames", "steady_chunk_frames"))
     trials = []
     for s in ([so[0]] if so else STEADY_CHOICES):
         for f in ([fo[0]] if fo else [x for x in FIRST_CHOICES if x <= s]):
@@ -358,7 +364,6 @@ def _chunking(cost: CostModel, geo: ModelGeometry, ov: Overrides, placed: dict[s
                    f"These sizes give the least wall time, then the earliest first audio (TTFA {e.ttfa_ms:.0f} ms)")
         else:
             why = f"no schedule avoids a stall; least stall {e.stall_ms:.0f} ms, TTFA {e.ttfa_ms:.0f} ms"
-    lc = lo[0] if lo else geo.decoder_window_frames
     return ({"first_chunk_frames": Resolved(f, _set(fo[1]) if fo else f"{f}: {why}", fo[1] if fo else "auto"),
              "chunk_ramp_frames": Resolved(tuple(ramp), _set(ro[1]) if ro else (
                  "doubling from the first chunk up to the steady size, so each chunk decodes while the previous one "
@@ -366,9 +371,7 @@ def _chunking(cost: CostModel, geo: ModelGeometry, ov: Overrides, placed: dict[s
                                            ro[1] if ro else "auto"),
              "steady_chunk_frames": Resolved(s, _set(so[1]) if so else f"{s}: code2wav recomputes 12 conv frames per "
                                              f"chunk, x{(s + 12) / s:.2f} work at {s} frames; {why}",
-                                             so[1] if so else "auto"),
-             "left_context_frames": Resolved(lc, _set(lo[1]) if lo else f"{lc}: the decoder's sliding attention "
-                                             "window; the retained context must cover it", lo[1] if lo else "auto")}, e)
+                                             so[1] if so else "auto")}, e)
 
 
 # ---------------------------------------------------------------- preload

@@ -3,7 +3,10 @@
 Contract: a frozen dataclass whose every decision is a ``Resolved(value, reason, source)``. It
 validates its own consistency on construction (thread counts match CPU lists, split-mode lists are
 disjoint, nothing runs on reserved CPUs) and against a machine with ``check(hardware)`` (CPUs inside
-the affinity mask, KV budget under the memory cap). It renders what the stage workers need:
+the affinity mask, KV budget under the available memory of the machine and of each talker NUMA node, where
+vLLM allocates it). ``talker_pinned=False`` (``VLLM_CPU_OMP_THREADS_BIND=nobind``) means the talker's
+threads are not pinned: its one CPU list is every CPU they may run on, ``talker_threads`` at most that
+many. It renders what the stage workers need:
 ``to_env(stage)`` (``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``LD_PRELOAD``, ...),
 ``engine_args(stage)`` and ``chunk_sizes(n)``. Planning lives in ``planner.py``, YAML in ``deploy_yaml.py``.
 """
@@ -72,12 +75,12 @@ class DeployProfile:
     first_chunk_frames: Resolved[int]
     chunk_ramp_frames: Resolved[tuple[int, ...]]      # chunk sizes after the first, before steady ones
     steady_chunk_frames: Resolved[int]
-    left_context_frames: Resolved[int]
     preload: Resolved[tuple[str, ...]]                # LD_PRELOAD for the worker processes
     estimate: StreamEstimate | None = None
     memory_cap_bytes: int | None = None               # the KV cap the planner used, if planned here
     hardware: str = ""                                # where it was planned (one line)
     warnings: tuple[str, ...] = field(default=())
+    talker_pinned: bool = True                        # False: VLLM_CPU_OMP_THREADS_BIND=nobind (see talker_cpus)
 
     def __post_init__(self):
         bad = [f.name for f in dataclasses.fields(self) if f.type.startswith("Resolved")
@@ -93,13 +96,15 @@ class DeployProfile:
                   "kv_cache_bytes", "first_chunk_frames", "steady_chunk_frames"):
             if not isinstance(v[k], int) or v[k] < 1:
                 raise ConfigError(f"{k} must be a positive integer, got {v[k]!r}")
-        if v["left_context_frames"] < 0 or any(c < 1 for c in v["chunk_ramp_frames"]):
-            raise ConfigError(f"chunk sizes must be >= 1 and left_context_frames >= 0, got ramp "
-                              f"{v['chunk_ramp_frames']} and left context {v['left_context_frames']}")
+        if any(c < 1 for c in v["chunk_ramp_frames"]):
+            raise ConfigError(f"chunk sizes must be >= 1, got ramp {v['chunk_ramp_frames']}")
         ranks, c2w, reserved = v["talker_cpus"], set(v["code2wav_cpus"]), set(v["reserved_cpus"])
         if len(ranks) != v["talker_tp_size"]:
             raise ConfigError(f"talker_cpus has {len(ranks)} rank list(s) but talker_tp_size is {v['talker_tp_size']}")
-        for i, r in enumerate(ranks):
+        if not self.talker_pinned and (len(ranks) != 1 or not v["talker_threads"] <= len(ranks[0])):
+            raise ConfigError(f"an unpinned talker (nobind) has one CPU list and at most one thread per CPU, got "
+                              f"{len(ranks)} list(s) and talker_threads {v['talker_threads']}")
+        for i, r in enumerate(ranks if self.talker_pinned else ()):
             if len(r) != v["talker_threads"]:
                 raise ConfigError(f"talker rank {i} CPU list {format_cpulist(r)!r} has {len(r)} CPUs but "
                                   f"talker_threads is {v['talker_threads']} (one thread per listed CPU)")
@@ -134,8 +139,11 @@ class DeployProfile:
         return self.talker_threads.value if stage == "talker" else self.code2wav_threads.value
 
     def bind_string(self, stage: str) -> str:
-        """``VLLM_CPU_OMP_THREADS_BIND`` value: CPU lists, ``|`` between tensor-parallel ranks."""
+        """``VLLM_CPU_OMP_THREADS_BIND`` value: CPU lists, ``|`` between tensor-parallel ranks (``nobind`` for an
+        unpinned talker)."""
         _check_stage(stage)
+        if stage == "talker" and not self.talker_pinned:
+            return "nobind"
         lists = self.talker_cpus.value if stage == "talker" else (self.code2wav_cpus.value,)
         return "|".join(format_cpulist(r) for r in lists)
 
@@ -151,8 +159,10 @@ class DeployProfile:
     def to_env(self, stage: str) -> dict[str, str]:
         """Environment for a stage's worker process, to set before it imports torch or vLLM."""
         _check_stage(stage)
+        lists = "|".join(format_cpulist(r) for r in (self.talker_cpus.value if stage == "talker" else
+                                                     (self.code2wav_cpus.value,)))
         env = {"OMP_NUM_THREADS": str(self.threads(stage)), "VLLM_CPU_OMP_THREADS_BIND": self.bind_string(stage),
-               "OMNILAB_STAGE": stage, "OMNILAB_STAGE_CPUS": self.bind_string(stage),
+               "OMNILAB_STAGE": stage, "OMNILAB_STAGE_CPUS": lists,
                "OMNILAB_DTYPE": self.dtype.value}
         if self.preload.value:
             env["LD_PRELOAD"] = ":".join(self.preload.value)
@@ -183,13 +193,27 @@ class DeployProfile:
                 raise ConfigError(
                     f"{what} CPU list {format_cpulist(cpus)!r} names CPUs {format_cpulist(outside)} outside this "
                     f"process's usable CPUs {format_cpulist(usable) or '(none)'} (affinity mask and online CPUs)")
+        kv, src = self.kv_cache_bytes.value, self.kv_cache_bytes.source
         cap = hardware.memory_available_bytes
-        if self.kv_cache_bytes.value > cap:
-            raise ConfigError(f"kv_cache_bytes {self.kv_cache_bytes.value / GiB:.2f} GiB ({self.kv_cache_bytes.source})"
-                              f" is above the available memory {cap / GiB:.2f} GiB")
+        if kv > cap:
+            raise ConfigError(f"kv_cache_bytes {kv / GiB:.2f} GiB ({src}) is above the available memory "
+                              f"{cap / GiB:.2f} GiB")
+        for i, r in enumerate(self.talker_cpus.value):  # vLLM's worker allocates its KV cache on its NUMA node
+            node = hardware.node_of(r[0])
+            total, avail = hardware.node_memory(node)
+            if avail is not None and kv > avail:
+                raise ConfigError(f"kv_cache_bytes {kv / GiB:.2f} GiB ({src}) is above the available memory of NUMA "
+                                  f"node {node} ({avail / GiB:.2f} GiB of {(total or 0) / GiB:.2f} GiB), where talker rank "
+                                  f"{i} runs and vLLM allocates its KV cache (vLLM refuses to start so)")
         warnings = []
         sibling = {c: core.cpus for core in hardware.cores for c in core.cpus}
-        for what, cpus in list(lists.items())[:-1]:
+        checked = list(lists.items())[:-1]
+        if not self.talker_pinned:
+            checked = checked[1:]
+            warnings.append(f"talker threads are not pinned (VLLM_CPU_OMP_THREADS_BIND=nobind): the OS may move them "
+                            f"across CPUs {format_cpulist(self.talker_cpus.value[0])}, SMT siblings and NUMA nodes "
+                            f"included")
+        for what, cpus in checked:
             nodes = sorted({hardware.node_of(c) for c in cpus})
             if len(nodes) > 1:
                 warnings.append(f"{what} CPU list {format_cpulist(cpus)} crosses NUMA nodes {nodes}")
@@ -216,6 +240,7 @@ class DeployProfile:
         out["estimate"] = dataclasses.asdict(self.estimate) if self.estimate else None
         out["memory_cap_bytes"] = self.memory_cap_bytes
         out["warnings"] = list(self.warnings)
+        out["talker_pinned"] = self.talker_pinned
         return out
 
     def to_yaml(self, path: Any = None) -> str:

@@ -5,11 +5,17 @@
 that turns successive code chunks into audio with exact decoder state carried between chunks,
 so each chunk costs the same however long the utterance already is. ``prefix_codes`` (Base ICL
 reference codes) are decoded first as context and their audio is dropped, as the reference does.
+
+``Code2WavStage(decoder, threads=N)`` runs every decode on ``N`` torch threads (this process's count is
+restored after each call): in-process, the deploy profile's ``code2wav_threads`` is applied this way.
+``info()`` reports the pid and the threads the stage's calls run with (``pipe.check_profile()`` reads it).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from typing import Hashable
+from typing import Any, Hashable
 
 import numpy as np
 import torch
@@ -38,7 +44,8 @@ class Code2WavSession:
         self.frames_done = 0
         self.decode_ms: list[float] = []
         if prefix_codes is not None and len(prefix_codes):
-            stage.decoder.decode_chunk(self.state, _as_codes(prefix_codes, "prefix_codes"))
+            with stage.threads_context():
+                stage.decoder.decode_chunk(self.state, _as_codes(prefix_codes, "prefix_codes"))
 
     @property
     def closed(self) -> bool:
@@ -51,7 +58,8 @@ class Code2WavSession:
         if c.shape[-1] == 0:
             return np.zeros(0, dtype=np.float32)
         t0 = time.perf_counter()
-        wav = self.stage.decoder.decode_chunk(self.state, c)[0, 0]
+        with self.stage.threads_context():
+            wav = self.stage.decoder.decode_chunk(self.state, c)[0, 0]
         self.decode_ms.append(1e3 * (time.perf_counter() - t0))
         self.frames_done += c.shape[-1]
         return wav.float().numpy().copy()
@@ -67,9 +75,30 @@ class Code2WavSession:
 
 
 class Code2WavStage:
-    def __init__(self, decoder: Code2Wav):
+    def __init__(self, decoder: Code2Wav, threads: int | None = None):
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise InputError(f"code2wav threads must be a positive integer or None; got {threads!r}")
         self.decoder = decoder.eval().prepare()
+        self.threads = threads
         self._sessions: dict[Hashable, Code2WavSession] = {}
+
+    @contextlib.contextmanager
+    def threads_context(self):
+        """Run the block on ``self.threads`` torch threads (None: this process's), then restore the count."""
+        before = torch.get_num_threads()
+        if self.threads is None or self.threads == before:
+            yield
+            return
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    def info(self) -> dict[str, Any]:
+        """``pid`` and ``torch_threads``: the threads this stage's decodes run with (in this process)."""
+        return {"pid": os.getpid(), "torch_threads": self.threads or torch.get_num_threads(),
+                "sessions": sorted(map(str, self._sessions))}
 
     def decode(self, codes, prefix_codes=None) -> np.ndarray:
         """Whole-utterance decode of ``codes [T, 16]`` -> float32 audio ``[T * 1920]``."""
@@ -81,7 +110,8 @@ class Code2WavStage:
             c = torch.cat([p, c], dim=-1)
         if c.shape[-1] == 0:
             return np.zeros(0, dtype=np.float32)
-        wav = self.decoder.decode(c)[0, 0]
+        with self.threads_context():
+            wav = self.decoder.decode(c)[0, 0]
         return wav[n_prefix * SAMPLES_PER_FRAME:].float().numpy().copy()
 
     def open_session(self, request_id: Hashable, prefix_codes=None) -> Code2WavSession:

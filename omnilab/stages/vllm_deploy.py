@@ -45,9 +45,24 @@ class VllmDeploy:
         return self.code2wav == "process" or (self.code2wav == "auto" and self.talker.multiprocess)
 
     @classmethod
-    def multiprocess_default(cls) -> "VllmDeploy":
-        """Talker worker on the first CPU of this process's mask, code2wav on the last (2+ CPUs)."""
+    def multiprocess_default(cls, environ: Mapping[str, str] | None = None) -> "VllmDeploy":
+        """Without a profile: the talker worker on ``VLLM_CPU_OMP_THREADS_BIND``'s CPU list when the environment
+        sets one (one rank), else on all CPUs of this process's mask but the last; code2wav on the last CPU
+        not given to the talker (2+ CPUs)."""
+        from omnilab.profiles.overrides import parse_bind
+        environ = os.environ if environ is None else environ
         cpus = sorted(os.sched_getaffinity(0))
+        raw = (environ.get("VLLM_CPU_OMP_THREADS_BIND") or "").strip()
+        bind = parse_bind(raw, "VLLM_CPU_OMP_THREADS_BIND") if raw else None
+        if isinstance(bind, tuple):
+            if len(bind) != 1:
+                raise InputError(f"VLLM_CPU_OMP_THREADS_BIND={raw!r} gives {len(bind)} tensor-parallel ranks; this "
+                                 "stage runs one talker rank")
+            talker = tuple(bind[0])
+            rest = [c for c in cpus if c not in talker]
+            c2w = (rest[-1],) if rest else (talker[-1],)
+            return cls(VllmStageConfig(multiprocess=True, talker_cpus=talker, talker_threads=len(talker)),
+                       code2wav="process", code2wav_cpus=c2w, code2wav_threads=1)
         if len(cpus) < 2:
             return cls(VllmStageConfig(multiprocess=True), code2wav="process")
         talker = tuple(cpus[: max(1, len(cpus) - 1)])
@@ -61,9 +76,11 @@ class VllmDeploy:
         if v.get("talker_tp_size", 1) != 1:
             raise InputError("a tensor-parallel talker (talker_tp_size > 1) is not supported by this stage")
         preload = tuple(v.get("preload") or ())
+        pinned = getattr(profile, "talker_pinned", True)  # False: nobind, the worker's threads are not pinned
         talker = VllmStageConfig(
-            multiprocess=multiprocess, talker_cpus=tuple(profile.cpus("talker")) if multiprocess else None,
-            talker_threads=profile.threads("talker"), kv_cache_memory_bytes=int(v["kv_cache_bytes"]),
+            multiprocess=multiprocess, talker_cpus=tuple(profile.cpus("talker")) if multiprocess and pinned else None,
+            pin_threads=pinned, talker_threads=profile.threads("talker"),
+            kv_cache_memory_bytes=int(v["kv_cache_bytes"]),
             max_num_seqs=int(v["max_num_seqs"]), max_model_len=int(v["max_model_len"]),
             preload=preload if multiprocess else (), **talker_overrides)
         return cls(talker, code2wav="process" if multiprocess else "inprocess",
@@ -123,7 +140,7 @@ def build_stages(model, deploy: Any = None):
         raise
     if code2wav is None:
         from omnilab.stages.code2wav_stage import Code2WavStage
-        code2wav = Code2WavStage(model.code2wav)
+        code2wav = Code2WavStage(model.code2wav, threads=d.code2wav_threads)
     return talker, code2wav
 
 

@@ -34,7 +34,8 @@ from omnilab.errors import InputError, UnsupportedError, WorkerError
 from omnilab.models.prompt import PromptRequest, prompt_length
 from omnilab.sampling import SamplingParams
 from omnilab.stages import vllm_payload
-from omnilab.stages.vllm_config import WORKER_CLS, VllmStageConfig, kv_bytes_per_token
+from omnilab.stages.vllm_config import (WORKER_CLS, VllmStageConfig, compile_predictor_flag, engine_cpu_env,
+                                        engine_kv_bytes, kv_bytes_per_token)
 from omnilab.stages._env import temporary_environ
 
 __all__ = ["VllmTalkerStage", "VllmStageConfig", "VllmFrameOutput"]
@@ -120,9 +121,10 @@ class VllmTalkerStage:
 
         register()
         dtype = "float32" if m.dtype == torch.float32 else "bfloat16"
-        kv = c.kv_cache_memory_bytes
-        if kv is None:
-            kv = kv_bytes_per_token(m.config, m.dtype) * (c.max_model_len + c.block_size)
+        # vLLM's CPU variables stay set and reach the engine; the KV size and the binding agree with them
+        kv = engine_kv_bytes(c, kv_bytes_per_token(m.config, m.dtype) * (c.max_model_len + c.block_size), os.environ)
+        compile_flag, compile_source = compile_predictor_flag(c.compile_predictor, os.environ)
+        self.compile_predictor = (compile_flag, compile_source)
         hf_overrides = {}
         if not c.multiprocess and m.talker is not None:
             from omnilab.stages.vllm_model import share_talker
@@ -131,7 +133,7 @@ class VllmTalkerStage:
         kwargs = dict(
             model=str(view_dir(m.path)), skip_tokenizer_init=True, dtype=dtype, max_model_len=c.max_model_len,
             enforce_eager=c.enforce_eager, enable_prompt_embeds=not c.enforce_eager, enable_prefix_caching=False,
-            worker_cls=WORKER_CLS, load_format="omnilab", kv_cache_memory_bytes=int(kv),
+            worker_cls=WORKER_CLS, load_format="omnilab", kv_cache_memory_bytes=None if kv is None else int(kv),
             max_num_seqs=c.max_num_seqs, block_size=c.block_size, enable_chunked_prefill=c.enable_chunked_prefill,
             generation_config="vllm", hf_overrides=hf_overrides, seed=0, disable_log_stats=True)
         if c.max_num_batched_tokens is not None:
@@ -142,15 +144,11 @@ class VllmTalkerStage:
         env: dict[str, str | None] = {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if c.multiprocess else "0",
             "OMNILAB_VLLM_PREDICTOR_PER_ROW": "1" if c.predictor_per_row else None,
-            "OMNILAB_CPU_INDUCTOR": (os.environ.get("OMNILAB_CPU_INDUCTOR") if c.compile_predictor is None
-                                     else ("1" if c.compile_predictor else "0")),
-            "VLLM_USE_V2_MODEL_RUNNER": None, "VLLM_CPU_KVCACHE_SPACE": None,
+            "OMNILAB_CPU_INDUCTOR": "1" if compile_flag else "0",  # what the runner reads
+            "VLLM_USE_V2_MODEL_RUNNER": None,
         }
         if c.multiprocess:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = (",".join(map(str, c.talker_cpus)) if c.talker_cpus
-                                                else os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
-            if c.reserved_cpus is not None:
-                env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(c.reserved_cpus)
+            env.update(engine_cpu_env(c, os.environ))
             if c.preload:
                 env["LD_PRELOAD"] = ":".join(c.preload)
             pp = os.environ.get("PYTHONPATH", "")

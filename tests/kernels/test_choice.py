@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from omnilab.errors import ConfigError
 from omnilab.kernels import gemv, snake
 from omnilab.kernels.build import select_isa
 
@@ -42,11 +43,14 @@ def kernel(request, monkeypatch):
 
 
 def test_bad_mode_names_accepted_values(kernel, monkeypatch):
+    """A ConfigError (like every other bad override; still a ValueError) naming the variable, the value as
+    given and the accepted modes."""
     module, choice, _, _ = kernel
-    monkeypatch.setenv(module.ENV, "fast")
+    monkeypatch.setenv(module.ENV, " Fast")
     accepted = "auto, omnilab, omnilab-avx512, omnilab-avx2, torch"
-    with pytest.raises(ValueError, match=f"{module.ENV}='fast'.*{accepted}"):
+    with pytest.raises(ConfigError, match=f"{module.ENV}=' Fast'.*{accepted}") as err:
         choice()
+    assert isinstance(err.value, ValueError)
 
 
 def test_missing_compiler(kernel, monkeypatch, tmp_path):

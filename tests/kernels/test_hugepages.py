@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 
 import pytest
+
+from omnilab.errors import ConfigError
 import torch
 
 from omnilab.kernels import hugepages as hp
@@ -27,7 +29,7 @@ def test_env_modes_and_errors():
     assert hp.hugepages_choice(env="on", thp="madvise").source == "env"
     with pytest.raises(RuntimeError, match="OMNILAB_HUGEPAGES=on needs transparent huge pages.*'never'"):
         hp.hugepages_choice(env="on", thp="never")
-    with pytest.raises(ValueError, match="OMNILAB_HUGEPAGES='yes' is not a mode; accepted: off, on, auto"):
+    with pytest.raises(ConfigError, match="OMNILAB_HUGEPAGES='yes' is not a mode; accepted: off, on, auto"):
         hp.hugepages_choice(env="yes")
 
 

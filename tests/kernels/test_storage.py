@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from omnilab.errors import ConfigError
 import torch
 
 from omnilab.kernels import gemv
@@ -36,9 +38,9 @@ def test_choice_rules(env):
 
 
 def test_bad_values_name_the_accepted_ones(env):
-    with pytest.raises(ValueError, match="OMNILAB_DECODE_WEIGHTS='half' .*accepted: auto, bf16, compute"):
+    with pytest.raises(ConfigError, match="OMNILAB_DECODE_WEIGHTS='half' .*accepted: auto, bf16, compute"):
         st.weight_storage_choice(torch.float32, env="half")
-    with pytest.raises(ValueError, match="needs a float32 or bfloat16 compute dtype, got float16"):
+    with pytest.raises(ConfigError, match="needs a float32 or bfloat16 compute dtype, got float16"):
         st.weight_storage_choice(torch.float16, env="bf16")
 
 
@@ -117,5 +119,5 @@ def test_bad_env_fails_at_load(tiny_ckpt, env):
     from omnilab.pipeline import Pipeline
 
     env.setenv(st.ENV, "fp16")
-    with pytest.raises(ValueError, match="OMNILAB_DECODE_WEIGHTS='fp16'"):
+    with pytest.raises(ConfigError, match="OMNILAB_DECODE_WEIGHTS='fp16'"):
         Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32")

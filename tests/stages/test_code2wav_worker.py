@@ -24,7 +24,9 @@ def ckpt(tiny_ckpt):
 
 @pytest.fixture(scope="module")
 def local(ckpt):
-    return Code2WavStage(load_model(ckpt, dtype="float32", load_encoders=False).code2wav)
+    """In-process decoding on as many threads as the worker: equal by construction (same kernels, shapes and
+    thread count; both loaders give 64-byte aligned weights)."""
+    return Code2WavStage(load_model(ckpt, dtype="float32", load_encoders=False).code2wav, threads=len(CPU))
 
 
 @pytest.fixture(scope="module")

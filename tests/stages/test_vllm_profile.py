@@ -18,10 +18,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 KW = dict(speaker="vivian", language="english", do_sample=False, subtalker_do_sample=False, max_new_tokens=6)
 
 
+VLLM_VARS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+             "VLLM_OMNI_CPU_INDUCTOR")
+
+
 @pytest.fixture(autouse=True)
 def _no_profile_env(monkeypatch):
+    """The plan here is the auto plan: no OMNILAB_* override and none of vLLM's CPU variables (tests of those
+    are in test_vllm_env.py)."""
     for k in list(os.environ):
-        if k.startswith("OMNILAB_") and k != "OMNILAB_CACHE":
+        if (k.startswith("OMNILAB_") and k != "OMNILAB_CACHE") or k in VLLM_VARS:
             monkeypatch.delenv(k)
 
 
@@ -46,7 +52,7 @@ def test_default_pipeline_is_vllm_under_the_auto_profile(tiny_ckpt, eager_codes)
             cfg = pipe._talker.config
             assert cfg.kv_cache_memory_bytes == pipe.profile.kv_cache_bytes.value
             assert cfg.max_num_seqs == pipe.profile.max_num_seqs.value
-            assert set(pipe.check_profile()) == {"talker", "code2wav"}
+            assert {"talker", "code2wav"} <= set(pipe.check_profile())  # + "not_applied" (deployment.check_stages)
             np.testing.assert_array_equal(pipe.generate(TEXT, **KW).codes, eager_codes)
     finally:
         torch.set_num_threads(before)

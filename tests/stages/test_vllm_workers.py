@@ -38,9 +38,13 @@ def _children() -> set[int]:
 
 @pytest.fixture(scope="module")
 def ref(tiny_ckpt):
+    """The eager backend's result, its code2wav run on as many threads as the code2wav worker's, so the
+    audio is equal by construction: same machine, same kernels, same shapes, same thread count (MKL and
+    oneDNN choose their blocking, hence the summation order, per CPU, shape and thread count)."""
     from omnilab.pipeline import Pipeline
 
     with Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32") as eager:
+        eager.code2wav.threads = len(CODE2WAV_CPUS)
         return eager.generate(TEXT, **KW), np.concatenate([c.audio for c in eager.stream(TEXT, **KW)])
 
 
