@@ -24,7 +24,7 @@ import numpy as np
 
 import omnilab
 from omnilab import display as D
-from omnilab.hooks import TimingHook
+from omnilab.instrument.hooks import TimingHook
 
 TINY = os.environ.get("OMNILAB_TINY") == "1"
 CHECKPOINT = None if TINY else os.environ.get("OMNILAB_CHECKPOINT")

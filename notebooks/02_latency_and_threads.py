@@ -24,7 +24,7 @@ from pathlib import Path
 
 import omnilab
 from omnilab import display as D
-from omnilab.hooks import ThreadUsageHook, TimingHook
+from omnilab.instrument.hooks import ThreadUsageHook, TimingHook
 
 TINY = os.environ.get("OMNILAB_TINY") == "1"
 CHECKPOINT = None if TINY else os.environ.get("OMNILAB_CHECKPOINT")
@@ -38,7 +38,7 @@ pipe.processes()  # pid -> role of every process doing this pipeline's work
 
 # %% [markdown]
 # ## One streamed request
-# Metric definitions (docstrings of `omnilab.trace`): TTFA = first audio delivered − admission;
+# Metric definitions (docstrings of `omnilab.instrument.trace`): TTFA = first audio delivered − admission;
 # playback-start = max over chunks of (arrival − audio already delivered); stall = playback-start − TTFA;
 # RTF = wall/audio (lower is better) and x-realtime = audio/wall (higher is better).
 

@@ -11,11 +11,11 @@
 # %% [markdown]
 # # 04 · Benchmark analysis
 #
-# `omnilab bench` (stream-latency benchmark) writes `data/bench/<name>.json` plus summary and per-request
+# `omnilab bench` (stream-latency benchmark) writes `<out>/<name>.json` (default `./omnilab-bench/`) plus summary and per-request
 # CSVs. This notebook reads them: no model runs here. Regenerate with e.g.
 # `omnilab bench --size 0.6b --threads 2 --concurrency 1,2 --requests 3`.
 #
-# Columns (definitions in `omnilab.trace` / `omnilab.bench`): TTFA, playback-start latency and stall;
+# Columns (definitions in `omnilab.instrument.trace` / `omnilab.bench.run`): TTFA, playback-start latency and stall;
 # RTF = wall/audio and x-realtime = audio/wall; per-stage ms/frame; aggregate frames/s; peak RSS per
 # process; `floor_ms_per_frame` = the weights a talker step reads per frame, timed as pure GEMVs on the
 # machine; `floor_ratio` = achieved talker ms/frame ÷ floor (1 = at the memory-bandwidth floor).
@@ -26,9 +26,14 @@ import json
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from omnilab import display as D
-from omnilab.bench import DATA_DIR, load_bench
+from pathlib import Path
 
+import omnilab
+from omnilab import display as D
+from omnilab.bench.run import load_bench
+
+# the results committed with the repository (data/bench); `omnilab bench` writes new ones to ./omnilab-bench/
+DATA_DIR = Path(omnilab.__file__).resolve().parents[1] / "data"
 files = sorted((DATA_DIR / "bench").glob("*.json"))
 runs = {f.stem: load_bench(f) for f in files}
 list(runs)

@@ -4,7 +4,7 @@ Contract: this module reads and writes the *released* JSON files (``config.json`
 ``generation_config.json``, ``speech_tokenizer/config.json``) and validates their geometry.
 It imports no torch. Every geometry field is read explicitly: the upstream class defaults are
 Qwen3-Omni leftovers (num_code_groups 32, decoder hidden 1024, codec ids 4196+), so a missing key
-is an error here, never a silent default (design note §6.5).
+is an error here, never a silent default (docs/model.md#explicit-config-defaults).
 """
 from __future__ import annotations
 

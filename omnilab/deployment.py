@@ -45,7 +45,7 @@ class Deployment:
     dtype: Any                     # what load_model gets (None = its own rule)
     num_threads: int | None        # torch threads of this process (None = leave as is)
     chunk_schedule: Any            # ChunkSchedule | None
-    vllm_deploy: Any = None        # VllmDeploy spec for omnilab.stages.vllm_deploy (vllm backend)
+    vllm_deploy: Any = None        # VllmDeploy spec for omnilab.stages.vllm.deploy (vllm backend)
     gemv: Any = None               # omnilab.kernels.GemvChoice of this process (set by Pipeline.from_pretrained)
     hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
     weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
@@ -85,7 +85,7 @@ class Deployment:
 def _dtype_name(dtype: Any) -> str | None:
     if dtype is None:
         return None
-    from omnilab.loading import resolve_dtype
+    from omnilab.checkpoint.load import resolve_dtype
     d, _ = resolve_dtype(dtype)
     return "float32" if str(d) == "torch.float32" else "bfloat16"
 
@@ -169,11 +169,11 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     if mode == "custom":
         return Deployment(backend, profile, "custom", why, load_dtype, num_threads, sched, vllm_deploy=deploy)
     if profile is None:
-        from omnilab.stages.vllm_deploy import VllmDeploy, VllmStageConfig
+        from omnilab.stages.vllm.deploy import VllmDeploy, VllmStageConfig
         spec = VllmDeploy.multiprocess_default() if mode == "workers" else VllmDeploy(
             VllmStageConfig(talker_threads=num_threads))
     else:
-        from omnilab.stages.vllm_deploy import VllmDeploy
+        from omnilab.stages.vllm.deploy import VllmDeploy
         spec = VllmDeploy.from_profile(profile, multiprocess=mode == "workers")
     placement = "workers" if mode == "workers" else "in-process"
     # In workers the talker's threads live in its process; this process keeps its own setting.

@@ -2,7 +2,7 @@
 
 Contract:
 - ``Pipeline.from_pretrained(path_or_hub_id, device="cpu", backend="vllm", deploy_profile="auto")`` loads
-  the released checkpoint layout (``omnilab.loading``), applies the deploy profile (``omnilab.deployment``:
+  the released checkpoint layout (``omnilab.checkpoint.load``), applies the deploy profile (``omnilab.deployment``:
   threads, CPU lists, KV budget, dtype, chunking; ``pipe.profile``, ``pipe.check_profile()``) and builds
   the stages. Only ``device="cpu"``.
 - ``generate(...)`` runs one utterance (or a list, batched in the talker) to completion and returns
@@ -10,16 +10,15 @@ Contract:
   generated (closing the iterator aborts the request and frees its talker and decoder state).
 - ``pipe.talker`` is the step-wise talker (``start`` / ``step`` / ``abort``); ``pipe.code2wav`` decodes
   codes offline (``decode``) or chunk by chunk (``open_session``).
-- Instrumentation: every request is recorded as spans (``omnilab.hooks.Recorder``) that flow to the
+- Instrumentation: every request is recorded as spans (``omnilab.instrument.recorder.Recorder``) that flow to the
   ``hooks=`` given to ``from_pretrained`` (``TimingHook``, ``ThreadUsageHook``, any callable); each
   ``SynthesisResult`` (and the last streamed ``AudioChunk``) carries the request's ``Trace``. The
-  pipeline holds no display code. Stage objects that run in other processes may expose
-  ``processes() -> {pid: role}`` and ``take_spans() -> [span dicts]``; both are picked up here.
+  pipeline holds no display code. Every stage follows the contract of :mod:`omnilab.stages.base`
+  (``processes() -> {pid: role}``, ``take_spans() -> [span dicts]``, ``summary()`` / ``info()``).
 """
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import os
 import time
@@ -29,8 +28,8 @@ import numpy as np
 import torch
 
 from omnilab.errors import InputError, UnsupportedError
-from omnilab.hooks import as_hooks
-from omnilab.recorder import Recorder, clock
+from omnilab.instrument.hooks import as_hooks
+from omnilab.instrument.recorder import Recorder, clock
 from omnilab.models.code2wav_stream import ChunkSchedule
 from omnilab.requests import UserRequest, build_request
 from omnilab.results import AudioChunk, SynthesisResult
@@ -125,12 +124,12 @@ class Pipeline:
                 each stage its own CPUs, else the engine in this process), ``"inprocess"``, ``"workers"``
                 (vLLM engine-core, talker worker and code2wav worker processes bound to the profile's CPUs;
                 alias ``"multiprocess"``),
-                or an explicit ``omnilab.stages.vllm_deploy.VllmDeploy`` / ``VllmStageConfig`` / dict.
+                or an explicit ``omnilab.stages.vllm.deploy.VllmDeploy`` / ``VllmStageConfig`` / dict.
             dtype: compute dtype (None = the profile's: bf16 only where the CPU has native bf16).
             num_threads: talker threads (None = the profile's; without a profile, leave torch as is).
             max_concurrency: concurrent requests the profile sizes the KV cache and ``max_num_seqs`` for.
             chunk_schedule: streaming chunk sizes (default: the profile's; without one 1 frame, then 25).
-            hooks: instrumentation (``omnilab.hooks``): a ``Hook``, a callable ``fn(span)``, or a list;
+            hooks: instrumentation (``omnilab.instrument.hooks``): a ``Hook``, a callable ``fn(span)``, or a list;
                 e.g. ``[TimingHook(), ThreadUsageHook()]``. Every result carries a ``Trace`` either way.
         """
         if not isinstance(device, str) or device.lower() != "cpu":
@@ -138,12 +137,12 @@ class Pipeline:
         if backend not in BACKENDS:
             raise InputError(f"backend {backend!r} is not known; accepted: {', '.join(BACKENDS)}")
         from omnilab.deployment import prepare
-        from omnilab.loading import load_model, resolve_checkpoint
-        from omnilab.stages.code2wav_stage import Code2WavStage
-        from omnilab.stages.talker_eager import EagerTalkerStage
+        from omnilab.checkpoint.load import load_model, resolve_checkpoint
+        from omnilab.stages.code2wav.stage import Code2WavStage
+        from omnilab.stages.eager import EagerTalkerStage
 
         if path_or_hub_id is None:
-            from omnilab.checkpoints import default_checkpoint
+            from omnilab.checkpoint.random import default_checkpoint
             path_or_hub_id = default_checkpoint()
         path = resolve_checkpoint(path_or_hub_id)
         dep = prepare(path, backend=backend, deploy_profile=deploy_profile, deploy=deploy, dtype=dtype,
@@ -154,14 +153,14 @@ class Pipeline:
         from omnilab.kernels.hugepages import hugepages_choice
         from omnilab.kernels.snake import snake_choice
         from omnilab.kernels.storage import weight_storage_choice
-        from omnilab.loading import resolve_dtype
+        from omnilab.checkpoint.load import resolve_dtype
         # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES / OMNILAB_DECODE_WEIGHTS / OMNILAB_CPU_SNAKE
         # fails now (before any worker starts); builds the kernels once per machine
         dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(),
                                   weights=weight_storage_choice(resolve_dtype(dep.dtype)[0]), snake=snake_choice())
         flush_denormals()
         if backend == "vllm":
-            from omnilab.stages.vllm_deploy import build_stages, client_load_options
+            from omnilab.stages.vllm.deploy import build_stages, client_load_options
             model = load_model(path, dtype=dep.dtype, **client_load_options(dep.vllm_deploy))
             talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy)
         else:
@@ -187,7 +186,7 @@ class Pipeline:
         if self.profile is None:
             raise InputError("this Pipeline has no deploy profile (built with deploy_profile=None)")
         return check_stages(self.profile, self.processes(), {
-            "talker": getattr(self._talker, "summary", None), "code2wav": getattr(self.code2wav, "info", None)},
+            "talker": self._talker.summary, "code2wav": self.code2wav.info},
             self.deployment.not_applied)
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -221,18 +220,16 @@ class Pipeline:
         return outs
 
     def _take_spans(self, obj) -> None:
-        take = getattr(obj, "take_spans", None)
-        if take is not None:
-            self.recorder.remote(take())
+        self.recorder.remote(obj.take_spans())
 
     def processes(self) -> dict[int, str]:
         """``{pid: role}`` of every process doing this pipeline's work (this one and stage workers)."""
         me = os.getpid()
         out = {me: "client"}
         for name, stage in (("talker", self._talker), ("code2wav", self.code2wav)):
-            procs = getattr(stage, "processes", None)
-            if procs is not None:
-                out.update(procs())
+            procs = stage.processes()  # {} for a stage in this process
+            if procs:
+                out.update(procs)
             else:
                 out[me] += f"+{name}"
         return out

@@ -18,7 +18,7 @@ from omnilab.errors import InputError
 from omnilab.models.prompt import PromptRequest, resolve, split_chat_ids, split_ref_ids
 
 if TYPE_CHECKING:
-    from omnilab.loading import LoadedModel
+    from omnilab.checkpoint.load import LoadedModel
 
 MAX_TEXT_CHARS = 20000
 

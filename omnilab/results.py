@@ -1,7 +1,7 @@
 """Result objects returned by the pipeline: plain data (numpy), short reprs, inline HTML.
 
 ``SynthesisResult`` holds one utterance: codes ``[T, 16]``, float32 audio at 24 kHz, and the
-``omnilab.trace.Trace`` recorded while it was produced (spans per stage/step/chunk; thread samples when
+``omnilab.instrument.trace.Trace`` recorded while it was produced (spans per stage/step/chunk; thread samples when
 a ``ThreadUsageHook`` ran). ``AudioChunk`` is what ``Pipeline.stream`` yields; the last one of a request
 carries the request's trace, and ``SynthesisResult.from_chunks`` joins a stream into one result.
 """
@@ -16,7 +16,7 @@ import numpy as np
 from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 if TYPE_CHECKING:
-    from omnilab.trace import Trace
+    from omnilab.instrument.trace import Trace
 
 
 @dataclass
@@ -33,7 +33,7 @@ class SynthesisResult:
             of the trace's spans when there is a trace.
         wall_s: wall time from request admission to the last audio delivered.
         ttfa_ms: time to first audio (first decoded chunk) for streamed runs, else time to the full audio.
-        trace: the request's ``omnilab.trace.Trace`` (``trace.metrics()``, ``trace.to_pandas()``, ...).
+        trace: the request's ``omnilab.instrument.trace.Trace`` (``trace.metrics()``, ``trace.to_pandas()``, ...).
     """
 
     codes: np.ndarray

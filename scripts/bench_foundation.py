@@ -99,7 +99,8 @@ def main() -> None:
 
     import torch
 
-    from omnilab.checkpoints import cache_dir, make_random_checkpoint
+    from omnilab.checkpoint.random import make_random_checkpoint
+    from omnilab.paths import cache_dir
     from omnilab.pipeline import Pipeline
 
     ckpt = Path(args.ckpt) if args.ckpt else cache_dir() / "checkpoints" / "bench-0.6b-custom_voice-seed0"
@@ -115,7 +116,7 @@ def main() -> None:
     tb, cb = weight_bytes_per_frame(pipe.model.talker)
     pipe.close()
     del pipe
-    from omnilab.bench_drivers import measure_gemv_bandwidth
+    from omnilab.bench.drivers import measure_gemv_bandwidth
 
     bw = measure_gemv_bandwidth(threads=args.threads)["gbps"]
     res.update({"gemv_gbs": bw, "talker_bytes_per_frame_gb": tb / 1e9, "predictor_bytes_per_frame_gb": cb / 1e9,

@@ -216,8 +216,8 @@ def apply_env(name: str) -> None:
 
 def build(name: str, ckpt: str, args):
     from omnilab.pipeline import Pipeline
-    from omnilab.stages.vllm_deploy import VllmDeploy
-    from omnilab.stages.vllm_engine import VllmStageConfig
+    from omnilab.stages.vllm.deploy import VllmDeploy
+    from omnilab.stages.vllm.engine import VllmStageConfig
 
     name, _ = split_name(name)
     inductor = name.endswith("-inductor")
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
     results = {"meta": {"checkpoint": args.checkpoint, "frames": args.frames, "threads": args.threads,
                         "inductor": os.environ.get("OMNILAB_CPU_INDUCTOR", "0"), "compile_talker": args.compile_talker,
                         "load_start": os.getloadavg(), "cpus": sorted(os.sched_getaffinity(0)), "isa_env": _isa_env()}}
-    from omnilab import bench_drivers as drv
+    from omnilab.bench import drivers as drv
     bpf = drv.bytes_per_frame(args.checkpoint, 4)
     results["meta"]["bytes_per_frame"] = bpf
 
@@ -418,7 +418,7 @@ def interleave(names: list[str], args) -> int:
     for n, p in pipes.items():
         with _modes(n):
             run_streams(p, 1, 4)  # warm-up
-    from omnilab import bench_drivers as drv
+    from omnilab.bench import drivers as drv
     bpf = drv.bytes_per_frame(args.checkpoint, 4)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     many: dict[str, list[dict]] = {n: [] for n in names}

@@ -11,7 +11,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """``tiny_ckpt(variant="custom_voice", seed=0) -> Path`` of a tiny random checkpoint (cached per session)."""
-    from omnilab.checkpoints import make_random_checkpoint
+    from omnilab.checkpoint.random import make_random_checkpoint
 
     made = {}
 

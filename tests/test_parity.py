@@ -1,7 +1,7 @@
 """Parity with the official qwen-tts 0.1.1, checked against committed goldens (no reference install needed).
 
 The goldens in ``tests/golden/parity/`` were recorded by ``scripts/reference/make_goldens.py``: the official
-package ran on random checkpoints from ``omnilab.checkpoints.make_random_checkpoint`` (size, variant, seed),
+package ran on random checkpoints from ``omnilab.checkpoint.random.make_random_checkpoint`` (size, variant, seed),
 greedy (``do_sample=False``, ``subtalker_dosample=False``, repetition penalty 1.05, 41 talker tokens = 40
 frames). For every case this file rebuilds the same checkpoint, checks its sha256 (a factory change must
 be answered by regenerating the goldens, not by loosening this test), and asserts:
@@ -77,7 +77,7 @@ def _file_hashes(path: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def parity_ckpt(tmp_path_factory):
     """``get(key) -> Path``: the golden's checkpoint rebuilt with the factory, verified by sha256."""
-    from omnilab.checkpoints import make_random_checkpoint
+    from omnilab.checkpoint.random import make_random_checkpoint
 
     made: dict[str, Path] = {}
 

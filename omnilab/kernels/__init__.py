@@ -9,6 +9,9 @@
   the bytes per decode step); ``OMNILAB_DECODE_WEIGHTS=auto|bf16|compute``.
 - :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
 - :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
+
+May import: the leaves only (``errors``, ``paths``, ``hardware``). The lowest compute layer: never
+``models``, ``checkpoint``, ``stages``, ``profiles`` or ``display``.
 """
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 from omnilab.kernels.gemv import MODES, GemvChoice, gemv_choice, gemv_rows, linear, use_gemv

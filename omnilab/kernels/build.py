@@ -52,7 +52,7 @@ def _compiler_version(cxx: str) -> str:
 
 def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Path:
     """Where the library for this source, ISA and compiler lives (whether built or not)."""
-    from omnilab.checkpoints import cache_dir
+    from omnilab.paths import cache_dir
 
     if isa not in ISA_FLAGS:
         raise ValueError(f"unknown ISA {isa!r}; accepted: {', '.join(ISA_FLAGS)}")
@@ -64,7 +64,7 @@ def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Pa
 
 def build_library(name: str, isa: str, *, cxx: str | None = None, cache: Path | None = None) -> Path:
     """Return the path of the compiled ``name`` kernels for ``isa``, compiling them if not cached."""
-    from omnilab.checkpoints import file_lock
+    from omnilab.paths import file_lock
 
     cxx = cxx or find_compiler()
     if cxx is None:

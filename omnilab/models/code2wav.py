@@ -210,7 +210,7 @@ class Code2Wav(nn.Module):
 @torch.no_grad()
 def init_random_(model: Code2Wav, generator: torch.Generator, *, layer_scale: float | None = None,
                  final_gain: float = 0.03, residual_gain: float = 0.5) -> Code2Wav:
-    """Deterministic, well-scaled random weights that give non-degenerate audio (design §8).
+    """Deterministic, well-scaled random weights that give non-degenerate audio (docs/model.md#checkpoint-layout).
 
     ``embedding_sum`` ~ N(0, 1), ``cluster_usage`` = 1; conv/linear weights ~ N(0, 1/fan_in) (fan-in
     of a transposed conv = in_channels * kernel / stride); biases ~ N(0, 0.02^2); norms = 1/0;

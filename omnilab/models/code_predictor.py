@@ -7,7 +7,7 @@ stripped: ``model.codec_embedding.{0..14}`` (talker width), ``model.layers.{0..4
 
 :meth:`CodePredictor.generate` is KV-cached and batched: one forward over 2 positions ``[h, C(c0)]``, then
 14 single-position forwards (positions 0..15), ``lm_head[j]`` at step j, sampling per row with each row's
-own generator (design note §3.5). It never re-prefills. Numerics mirror the reference (logits of the first
+own generator (docs/model.md#code-predictor). It never re-prefills. Numerics mirror the reference (logits of the first
 step are computed for both positions, as HF ``generate`` does, and cast to fp32 before sampling).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Talker prompt construction for CustomVoice, VoiceDesign and Base (x-vector and ICL), design note §3.1-3.3.
+"""Talker prompt construction for CustomVoice, VoiceDesign and Base (x-vector and ICL), docs/model.md#prompt-layout.
 
 Contract:
 - :class:`PromptRequest` holds token ids (never strings): ``text_ids`` is the *sliced* text part of the chat
@@ -257,7 +257,7 @@ def trailing_length(cfg: Qwen3TTSConfig, req: PromptRequest) -> int:
 
 @torch.inference_mode()
 def build_prompt(talker: "Talker", cfg: Qwen3TTSConfig, req: PromptRequest) -> Prompt:
-    """Prompt embeddings for one request (design note §3.3), in the talker's dtype."""
+    """Prompt embeddings for one request (docs/model.md#prompt-layout), in the talker's dtype."""
     req = resolve(cfg, req)
     plan = _plan(cfg, req)
     T, C = talker.embed_text, talker.embed_codec

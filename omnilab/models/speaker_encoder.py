@@ -1,7 +1,7 @@
 """ECAPA-TDNN speaker encoder of the Base models: log-mel ``[B, T, 128]`` -> x-vector ``[B, enc_dim]``.
 
 Contract:
-- Parameter names equal the released ``speaker_encoder.*`` tensors with that prefix stripped (design note §1.8),
+- Parameter names equal the released ``speaker_encoder.*`` tensors with that prefix stripped (docs/model.md#tensor-names-and-prefix-stripping),
   so ``load_state_dict(strict=True)`` works on a Base ``model.safetensors`` slice.
 - Numerics follow the reference ``Qwen3TTSSpeakerEncoder``: every conv is "same"-length with **reflect**
   padding (left = dilation*(k-1)//2), TDNN = conv + ReLU, SE-Res2Net blocks with a residual add, multi-layer

@@ -1,10 +1,10 @@
 """The talker: a 28-layer Qwen3 decoder over summed text-track + codec-track embeddings -> codebook 0.
 
 Contract: parameter names equal the released ``talker.*`` tensor names with the ``talker.`` prefix
-stripped (design note §1.8), so ``load_state_dict(strict=True)`` works on a real checkpoint. The module
-does forward passes only; sampling and the per-frame loop live in :mod:`omnilab.engine.eager`.
+stripped (docs/model.md#tensor-names-and-prefix-stripping), so ``load_state_dict(strict=True)`` works on a real checkpoint. The module
+does forward passes only; sampling and the per-frame loop live in :mod:`omnilab.stages.eager`.
 
-Embeddings (design note §3): ``T(ids) = text_projection(text_embedding(ids))`` (SiLU MLP with biases),
+Embeddings (docs/model.md#talker-embeddings): ``T(ids) = text_projection(text_embedding(ids))`` (SiLU MLP with biases),
 ``C(id) = model.codec_embedding(id)``, and a frame's input vector is
 ``C(c0) + sum_q E_q(c_q)`` with ``E_q = code_predictor.model.codec_embedding[q-1]`` (talker width).
 To stay bit-faithful to the reference, callers should group ids into the same ``embed_text`` calls as
@@ -59,7 +59,7 @@ class Talker(nn.Module):
         self.text_projection = TextProjection(tc.text_hidden_size, tc.hidden_size)
         self.codec_head = Linear(tc.hidden_size, tc.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
-        # M-RoPE with identical t/h/w positions == 1-D RoPE (design note §3.4).
+        # M-RoPE with identical t/h/w positions == 1-D RoPE (docs/model.md#m-rope-equals-1-d-rope).
         self.rope = RopeTable(tc.head_dim, tc.rope_theta)
 
     # ---- embeddings ---------------------------------------------------------------------------

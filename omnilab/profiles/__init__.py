@@ -7,6 +7,9 @@ worker ``LD_PRELOAD``, each as ``Resolved(value, reason, source)``. ``resolve_pr
 deploy_profile=...)`` takes). Profiles round-trip through vllm-omni-style deploy YAML
 (``DeployProfile.to_yaml/from_yaml``). Plain Python + PyYAML: importing this imports no torch or vLLM.
 
+May import: the leaves (``errors``, ``hardware``, ``html_tables``, ``config``). Never ``kernels``, ``models``,
+``checkpoint``, ``stages``, ``pipeline`` or ``display``: the policy layer is plain Python.
+
 Overrides, highest first: ``OMNILAB_*`` variables, then vLLM's own CPU variables (``VLLM_CPU_KVCACHE_SPACE``,
 ``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_NUM_OF_RESERVED_CPU``; source ``env (vLLM) NAME``), then arguments,
 then preset/file values, then the planner's own choice. An ``OMNILAB_*`` variable and the vLLM variable for the
@@ -14,7 +17,7 @@ same field that disagree are a ``ConfigError``. ``omnilab.profiles.overrides.env
 --help``) lists every variable.
 """
 from omnilab.profiles.cost import ModelGeometry, StageTimes, StreamEstimate
-from omnilab.profiles.deploy_yaml import list_presets, resolve_profile
+from omnilab.profiles.resolve import list_presets, resolve_profile
 from omnilab.profiles.planner import as_geometry, plan
 from omnilab.profiles.profile import STAGES, DeployProfile, Resolved
 from omnilab.profiles.readback import (ProcessReadback, apply_to_current_process, check_process, compare_process,

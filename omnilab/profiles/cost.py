@@ -4,11 +4,11 @@ Contract: ``ModelGeometry`` holds the shapes that set memory and time (from a ``
 released 0.6B/1.7B numbers). ``CostModel`` turns geometry + hardware (or measured ``StageTimes``) into
 milliseconds: the talker step (1 talker decode + 15 code-predictor passes) is bandwidth-bound, so its
 time is weight bytes / per-thread bandwidth; code2wav is compute-bound, so a chunk costs GFLOP /
-per-thread GFLOP/s (design note §2.2-2.3). Thread scaling is Amdahl's law with a cap past which more
+per-thread GFLOP/s (docs/model.md#bytes-and-flops-per-frame). Thread scaling is Amdahl's law with a cap past which more
 threads are assumed to bring nothing (peers report the talker step stops scaling beyond 16 threads).
 ``simulate_stream`` plays a chunk schedule against those times and reports TTFA, stall and RTF.
 
-Calibration (2-core KVM guest, fp32, 2 threads, design note §8): talker + predictor 640 ms/frame, i.e.
+Calibration (2-core KVM guest, fp32, 2 threads, docs/model.md#measured-reference-speed): talker + predictor 640 ms/frame, i.e.
 ~5.5 GB/s per thread after Amdahl; code2wav 49-59 ms/frame on 25-frame chunks. Everything else in
 ``_CORE_PERF`` is an assumption from peak SIMD width; pass ``StageTimes`` to use measured numbers.
 """
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from omnilab.errors import ConfigError
+
+BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
 
 if TYPE_CHECKING:
     from omnilab.config import Code2WavConfig, Qwen3TTSConfig
@@ -174,7 +176,7 @@ class CostModel:
         native = hardware.native_bf16()[0]
         nbytes = 2 if dtype == "bfloat16" else 4
         if dtype == "bfloat16" and not native:
-            gflops /= 3  # emulated bf16 (design note §6.1)
+            gflops /= 3  # emulated bf16 (docs/model.md#bf16-emulation-cost)
         gb = geometry.streamed_params_per_frame() * nbytes / 1e9
         return cls(geometry, gb / bw * 1e3, 1e3 / gflops,
                    f"estimated for {label} {dtype}: {gb:.2f} GB/frame at {bw:g} GB/s per thread, "

@@ -1,10 +1,11 @@
-"""Deploy profiles as YAML in the vllm-omni deploy format, named presets, and ``resolve_profile``.
+"""Deploy profiles as YAML in the vllm-omni deploy format (the document format only: no profile class here).
 
 Contract: ``profile_to_yaml`` writes the vllm-omni layout (``connectors`` with the codec chunking keys,
 ``stages`` with per-stage engine settings, a ``platforms: cpu:`` overlay with each stage's environment:
 ``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``VLLM_CPU_KVCACHE_SPACE``, ``LD_PRELOAD``) plus an
-``omnilab:`` block with every field's reason and source, so ``profile_from_yaml(profile_to_yaml(p)) == p``.
-A file or preset may also be partial: ``resolve_profile`` then plans the missing fields (values from the
+``omnilab:`` block with every field's reason and source, so ``DeployProfile.from_yaml(p.to_yaml()) == p``
+(``profile_fields_from_yaml`` reads it back). A file or preset may also be partial: ``resolve_profile``
+(:mod:`omnilab.profiles.resolve`) then plans the missing fields (values from the
 file rank below arguments, ``OMNILAB_*`` and vLLM's CPU environment variables). The env blocks take vLLM's
 syntax: ``VLLM_CPU_OMP_THREADS_BIND`` CPU lists (``|`` between ranks), ``auto`` (the planner places the
 stage), ``nobind`` or ``all`` (talker: unpinned threads; code2wav, whose omnilab worker always pins its
@@ -25,17 +26,11 @@ from omnilab.errors import ConfigError
 from omnilab.hardware import format_cpulist
 from omnilab.profiles.cost import StreamEstimate
 from omnilab.profiles.overrides import BIND_WORDS, EXTRA_ARGS, FIELDS, NOBIND, Overrides, whole_gib
-from omnilab.profiles.profile import DeployProfile, Resolved
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 _CONNECTOR = "connector_of_shared_memory"
 
 
-def list_presets() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def profile_to_yaml(profile: DeployProfile, path: str | os.PathLike | None = None) -> str:
+def profile_to_yaml(profile: Any, path: str | os.PathLike | None = None) -> str:
     v = profile.values()
     extra: dict[str, Any] = {"codec_streaming": True, "codec_chunk_frames": v["steady_chunk_frames"],
                              "initial_codec_chunk_frames": v["first_chunk_frames"]}
@@ -187,12 +182,14 @@ def doc_notes(doc: Mapping[str, Any], label: str) -> tuple[str, ...]:
     return ()
 
 
-def _complete(doc: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+def is_complete(doc: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
     return all(f in values for f in FIELDS) and not _open_bind(doc, values)
 
 
-def profile_from_yaml(source: Any) -> DeployProfile:
-    """A complete profile from YAML (path, text or mapping). Partial files: use ``resolve_profile``."""
+def profile_fields_from_yaml(source: Any) -> tuple[dict[str, tuple[Any, str, str]], dict[str, Any]]:
+    """A complete profile's fields ``{name: (value, reason, source)}`` and its other ``DeployProfile`` keywords,
+    from YAML (path, text or mapping); ``DeployProfile.from_yaml`` builds the profile. Partial files:
+    ``resolve_profile`` plans the missing fields."""
     doc, label = load_yaml_doc(source)
     values = values_from_doc(doc, label)
     missing = [f for f in FIELDS if f not in values]
@@ -210,48 +207,12 @@ def profile_from_yaml(source: Any) -> DeployProfile:
     fields = {}
     for f, v in ((f, v) for f, v in values.items() if f in FIELDS):
         r = reasons.get(f) or {}
-        fields[f] = Resolved(v, str(r.get("reason") or f"from {label}"), str(r.get("source") or f"file {label}"))
+        fields[f] = (v, str(r.get("reason") or f"from {label}"), str(r.get("source") or f"file {label}"))
     est = meta.get("estimate")
     try:
         estimate = StreamEstimate(**est) if est else None
     except TypeError as e:
         raise ConfigError(f"{label}: omnilab.estimate is malformed: {e}") from None
-    return DeployProfile(name=str(doc.get("name") or Path(label).stem), estimate=estimate,
-                         memory_cap_bytes=meta.get("memory_cap_bytes"), hardware=str(meta.get("hardware") or ""),
-                         warnings=tuple(meta.get("warnings") or ()) + doc_notes(doc, label), talker_pinned=pinned,
-                         **fields)
-
-
-def resolve_profile(spec: Any = "auto", *, hardware=None, model_config=None, env: Mapping[str, str] | None = None,
-                    **plan_kwargs: Any) -> DeployProfile:
-    """What ``Pipeline.from_pretrained(..., deploy_profile=spec)`` applies.
-
-    ``spec``: ``"auto"`` (plan everything), a preset name (``list_presets()``), a YAML path, or a
-    ``DeployProfile``. A complete file with no ``OMNILAB_*`` variable set loads as written; otherwise its
-    values become planner defaults. The result is checked against ``hardware`` (probed if None).
-    """
-    from omnilab.hardware import probe_hardware
-    from omnilab.profiles.planner import plan
-    hw = hardware or probe_hardware()
-    env = os.environ if env is None else env
-    if isinstance(spec, DeployProfile):
-        return dataclasses.replace(spec, warnings=tuple(spec.check(hw)))
-    if spec is None or spec == "auto":
-        return plan(hw, model_config, env=env, **plan_kwargs)
-    if isinstance(spec, str) and spec in list_presets():
-        path, source, name = PRESET_DIR / f"{spec}.yaml", f"preset {spec}", spec
-    elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_file():
-        path, source, name = Path(spec), f"file {spec}", Path(spec).stem
-    elif isinstance(spec, Mapping):
-        path, source, name = spec, "mapping", str(spec.get("name") or "custom")
-    else:
-        raise ConfigError(f"unknown deploy profile {spec!r}: not 'auto', not a preset ({', '.join(list_presets())}) "
-                          f"and not an existing YAML file")
-    doc, label = load_yaml_doc(path)
-    values = values_from_doc(doc, label)
-    if _complete(doc, values) and not Overrides(env).env_set() and not plan_kwargs:
-        profile = profile_from_yaml(doc if isinstance(path, Mapping) else path)
-        return dataclasses.replace(profile, name=name, warnings=tuple(profile.check(hw)) + doc_notes(doc, label))
-    profile = plan(hw, model_config, defaults=values, defaults_source=source, env=env,
-                   name=str(doc.get("name") or name), **plan_kwargs)
-    return dataclasses.replace(profile, warnings=profile.warnings + doc_notes(doc, label))
+    return fields, dict(name=str(doc.get("name") or Path(label).stem), estimate=estimate,
+                        memory_cap_bytes=meta.get("memory_cap_bytes"), hardware=str(meta.get("hardware") or ""),
+                        warnings=tuple(meta.get("warnings") or ()) + doc_notes(doc, label), talker_pinned=pinned)

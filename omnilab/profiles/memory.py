@@ -19,7 +19,8 @@ from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo
 from omnilab.profiles.cost import ModelGeometry
 from omnilab.profiles.overrides import Overrides
-from omnilab.profiles.profile import BLOCK_SIZE, Resolved
+from omnilab.profiles.cost import BLOCK_SIZE
+from omnilab.profiles.resolved import Resolved
 
 RUNTIME_BYTES_PER_PROCESS = 3 * GiB // 4   # torch + vLLM import RSS per process (engine core, 2 workers)
 NUM_PROCESSES = 3

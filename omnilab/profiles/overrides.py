@@ -25,7 +25,7 @@ both, since one of them would be silently ignored. ``gpu_memory_utilization`` (a
 value; vLLM has no variable for it) sizes the KV budget as vLLM's CPU worker does (a fraction of the talker's
 NUMA node memory); a ``kv_cache_bytes`` in the same or a higher layer wins, as ``kv_cache_memory_bytes``
 does in vLLM. ``VLLM_OMNI_CPU_INDUCTOR`` is an engine option, not a profile field: see
-``omnilab.stages.vllm_config.compile_predictor_flag``.
+``omnilab.stages.vllm.config.compile_predictor_flag``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, parse_cpulist
-from omnilab.profiles.profile import Resolved
+from omnilab.profiles.resolved import Resolved
 
 DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
                  "bfloat16": "bfloat16", "bf16": "bfloat16"}

@@ -15,32 +15,21 @@ from __future__ import annotations
 import dataclasses
 import html
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, format_cpulist
 from omnilab.html_tables import html_table
-from omnilab.profiles.cost import StreamEstimate, chunk_schedule
+from omnilab.profiles.cost import BLOCK_SIZE, StreamEstimate, chunk_schedule
+from omnilab.profiles.deploy_yaml import profile_fields_from_yaml, profile_to_yaml
+from omnilab.profiles.resolved import Resolved
 
 if TYPE_CHECKING:
     from omnilab.hardware import HardwareInfo
 
-T = TypeVar("T")
 STAGES = ("talker", "code2wav")
 MODES = ("split", "shared")
 DTYPES = ("float32", "bfloat16")
-BLOCK_SIZE = 128  # vLLM CPU default KV block size (tokens)
-
-
-@dataclass(frozen=True)
-class Resolved(Generic[T]):
-    """A decided value, why it has that value, and who decided (auto, env NAME, argument, preset, file)."""
-    value: T
-    reason: str
-    source: str = "auto"
-
-    def __repr__(self) -> str:
-        return f"{self.value!r} ({self.source})"
 
 
 def _show(name: str, v: Any) -> str:
@@ -244,13 +233,12 @@ class DeployProfile:
         return out
 
     def to_yaml(self, path: Any = None) -> str:
-        from omnilab.profiles.deploy_yaml import profile_to_yaml
         return profile_to_yaml(self, path)
 
     @classmethod
     def from_yaml(cls, source: Any) -> "DeployProfile":
-        from omnilab.profiles.deploy_yaml import profile_from_yaml
-        return profile_from_yaml(source)
+        fields, extra = profile_fields_from_yaml(source)
+        return cls(**extra, **{k: Resolved(*v) for k, v in fields.items()})
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         return [(k, _show(k, r.value), r.source, r.reason) for k, r in self.resolved().items()]

@@ -2,7 +2,7 @@
 
 Usage: .venv-ref/bin/python scripts/reference/bench_reference.py CKPT_DIR --threads 2 --frames 24
 Prints one JSON line: talker+predictor ms per frame through the official ``generate`` (greedy,
-prefill included, as measured for the design note), and the official code2wav decoder's ms per
+prefill included, as measured for docs/model.md#measured-reference-speed), and the official code2wav decoder's ms per
 frame on 1-, 25- and 100-frame chunks (offline, no streaming context).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Regenerate the parity goldens in ``tests/golden/parity/`` from the official qwen-tts 0.1.1.
 
-Runs in omnilab's ``.venv`` (it needs ``omnilab.checkpoints`` to build the random checkpoints) and calls
+Runs in omnilab's ``.venv`` (it needs ``omnilab.checkpoint.random`` to build the random checkpoints) and calls
 ``run_reference.py`` in the reference env (``.venv-ref``, made by ``setup_ref_env.sh``) as a subprocess.
 
 For every case in :data:`CASES` it records, from the official package on the same random checkpoint:
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
 
-    from omnilab.checkpoints import make_random_checkpoint
+    from omnilab.checkpoint.random import make_random_checkpoint
 
     if not args.ref_python.exists():
         sys.exit(f"{args.ref_python} not found: run scripts/reference/setup_ref_env.sh first")

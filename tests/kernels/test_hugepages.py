@@ -70,8 +70,8 @@ def test_loaders_place_streamed_matrices_in_huge_pages(tiny_ckpt, monkeypatch, l
     if not hp.hugepages_choice(env="auto").enabled:
         pytest.skip("transparent huge pages unavailable here")
     from omnilab.config import Qwen3TTSConfig
-    from omnilab.loading import load_model
-    from omnilab.stages.vllm_weights import load_talker_weights
+    from omnilab.checkpoint.load import load_model
+    from omnilab.checkpoint.worker_weights import load_talker_weights
 
     path = tiny_ckpt()
     cfg = Qwen3TTSConfig.load(path / "config.json")

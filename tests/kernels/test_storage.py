@@ -60,8 +60,8 @@ def test_loaders_keep_the_files_bf16_matrices(tiny_ckpt, env, loader):
     """bf16 storage: every streamed matrix is the file's bf16 tensor, everything else is loaded as before, and
     the values equal the fp32 load exactly (bf16 -> fp32 is exact)."""
     from omnilab.config import Qwen3TTSConfig
-    from omnilab.loading import load_model
-    from omnilab.stages.vllm_weights import load_talker_weights
+    from omnilab.checkpoint.load import load_model
+    from omnilab.checkpoint.worker_weights import load_talker_weights
 
     if gemv.gemv_choice().mode != "omnilab":
         pytest.skip("no GEMV kernel here")

@@ -36,7 +36,7 @@ def rand_codes(frames: int, batch: int = 1, seed: int = 1, size: int = TINY["cod
 
 
 def released_decoder_shapes() -> dict[str, tuple[int, ...]]:
-    """Expected ``decoder.*`` names/shapes of speech_tokenizer/model.safetensors (design note §1.8)."""
+    """Expected ``decoder.*`` names/shapes of speech_tokenizer/model.safetensors (docs/model.md#tensor-names-and-prefix-stripping)."""
     e: dict[str, tuple[int, ...]] = {}
     for part, n in (("rvq_first", 1), ("rvq_rest", 15)):
         q = f"quantizer.{part}."

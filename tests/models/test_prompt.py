@@ -35,7 +35,7 @@ def test_custom_voice_non_streaming_layout(models):
     k = [2154, 2156, 2050, 2157, 3065, 2148, 2149]
     assert codec_prefix_ids(cfg, req) == k
     n = len(TEXT)
-    assert p.embeds.shape == (n + 11, cfg.talker.hidden_size)  # design note example: N + 11
+    assert p.embeds.shape == (n + 11, cfg.talker.hidden_size)  # docs/model.md#prompt-layout: N + 11
     close = lambda a, b: torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)  # noqa: E731
     close(p.embeds[:3], T([151644, 77091, NEWLINE_ID]))
     for i in range(5):  # tts_pad x (n-2) + codec tags and speaker

@@ -16,7 +16,7 @@ def make(seed=0, **kw):
 
 
 def expected_names(num_layers: int, cp_layers: int, projection: bool) -> set[str]:
-    """Released ``talker.*`` names (design note §1.8) with the ``talker.`` prefix stripped."""
+    """Released ``talker.*`` names (docs/model.md#tensor-names-and-prefix-stripping) with the ``talker.`` prefix stripped."""
     def layer(prefix):
         return {f"{prefix}.self_attn.{p}_proj.weight" for p in "qkvo"} | {
             f"{prefix}.self_attn.q_norm.weight", f"{prefix}.self_attn.k_norm.weight",

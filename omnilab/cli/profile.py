@@ -1,0 +1,87 @@
+"""``omnilab probe`` and ``omnilab plan``: print the hardware description and the deploy profile.
+
+Contract: ``probe_main(argv)`` and ``plan_main(argv)`` parse their own arguments, print a table (or JSON
+with ``--json``) and return an exit code: 0 on success, 2 on a configuration error (message on stderr).
+No torch or vLLM import.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from omnilab.errors import OmnilabError
+
+
+def probe_main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="omnilab probe", description="Describe this machine's CPUs, NUMA layout, "
+                                 "cgroup limits and memory, as the deploy planner sees them.")
+    ap.add_argument("--root", default="/", help="filesystem root or a .json snapshot to probe (default /)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--snapshot", metavar="OUT.json", help="also write every file the probe read to OUT.json "
+                    "(attach it to bug reports; `--root OUT.json` replays it)")
+    args = ap.parse_args(argv)
+    from omnilab.hardware import probe_hardware, snapshot_hardware
+    try:
+        hw = probe_hardware(args.root)
+        if args.snapshot:
+            with open(args.snapshot, "w") as f:
+                json.dump(snapshot_hardware(args.root), f, indent=1, sort_keys=True)
+    except (OmnilabError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(hw.to_dict(), indent=1) if args.json else hw)
+    return 0
+
+
+def _overrides(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def plan_main(argv: Sequence[str] | None = None) -> int:
+    from omnilab.profiles.resolve import list_presets
+    from omnilab.profiles.overrides import env_help
+    ap = argparse.ArgumentParser(
+        prog="omnilab plan", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan threads, CPU lists, KV budget, dtype and chunking for the talker and code2wav stages.",
+        epilog="environment overrides (OMNILAB_* win over vLLM's variables, which win over arguments and files):\n"
+               + env_help())
+    ap.add_argument("--model", metavar="PATH", help="checkpoint directory (or its config.json); default: the "
+                    "released 0.6B geometry")
+    ap.add_argument("--profile", default="auto", help=f"auto, a preset ({', '.join(list_presets())}) or a YAML file")
+    ap.add_argument("--root", default="/", help="filesystem root or .json snapshot to plan for (default /)")
+    ap.add_argument("--max-concurrency", type=int, help="concurrent requests (max_num_seqs)")
+    ap.add_argument("--max-model-len", type=int, help="talker context length in tokens")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field, e.g. "
+                    "--set talker_threads=4 --set dtype=float32 (repeatable)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--yaml", metavar="OUT.yaml", help="also write the profile as deploy YAML")
+    args = ap.parse_args(argv)
+    from omnilab.hardware import probe_hardware
+    from omnilab.profiles.resolve import resolve_profile
+    try:
+        kwargs = {k: v for k, v in (("max_concurrency", args.max_concurrency),
+                                    ("max_model_len", args.max_model_len)) if v is not None}
+        if args.set:
+            kwargs["overrides"] = _overrides(args.set)
+        profile = resolve_profile(args.profile, hardware=probe_hardware(args.root), model_config=args.model,
+                                  **kwargs)
+        if args.yaml:
+            profile.to_yaml(args.yaml)
+    except (OmnilabError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(profile.to_dict(), indent=1) if args.json else profile)
+    return 0
+
+
+if __name__ == "__main__":  # python -m omnilab.cli.profile {probe|plan} ...
+    cmd, rest = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("probe", [])
+    sys.exit({"probe": probe_main, "plan": plan_main}.get(cmd, probe_main)(rest))

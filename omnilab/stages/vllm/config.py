@@ -1,0 +1,209 @@
+"""Configuration of the vLLM talker engine (plain data; no vLLM import).
+
+Contract: ``VllmStageConfig`` is frozen and validated on construction: GPU-only engine options (sleep mode,
+CUDA graphs, tensor/pipeline parallelism, speculative decoding, quantization, LoRA) raise
+:class:`~omnilab.errors.UnsupportedError`; a KV block size that vLLM's CPU attention cannot use raises
+:class:`~omnilab.errors.InputError`. ``gpu_memory_utilization`` is accepted with vLLM CPU's meaning (the
+worker takes that fraction of its NUMA node's memory and gives the KV cache what it does not use; an explicit
+``kv_cache_memory_bytes`` wins, as in vLLM). ``kv_bytes_per_token`` sizes the paged KV cache.
+
+vLLM's CPU variables in this process's environment reach the engine as vLLM reads them, never unset:
+``engine_kv_bytes`` / ``engine_cpu_env`` return the ``kv_cache_memory_bytes`` and the environment for the
+engine's processes, and raise ``ConfigError`` where the config and a variable disagree (a profile planned
+in this environment already agrees): ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) is the KV budget vLLM applies;
+``VLLM_CPU_OMP_THREADS_BIND`` lists must equal ``talker_cpus``, ``auto`` gives way to the config's list,
+``all`` (vLLM < 0.10) reaches vLLM as ``nobind``; ``VLLM_CPU_NUM_OF_RESERVED_CPU`` must equal
+``reserved_cpus``. ``compile_predictor_flag`` resolves the code-predictor compile flag: the argument, else
+``OMNILAB_CPU_INDUCTOR``, else vllm-omni's ``VLLM_OMNI_CPU_INDUCTOR`` (both set: they must agree), else off.
+Plain Python: no vLLM import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from omnilab.errors import ConfigError, InputError, UnsupportedError
+from omnilab.hardware_info import GiB, format_cpulist
+
+WORKER_CLS = "omnilab.stages.vllm.worker.TalkerCPUWorker"
+_GPU_ONLY = {
+    "enable_sleep_mode": "sleep mode", "cudagraph_capture_sizes": "CUDA graphs",
+    "max_cudagraph_capture_size": "CUDA graphs",
+    "cuda_graph_sizes": "CUDA graphs", "tensor_parallel_size": "tensor parallelism (one worker per stage here)",
+    "pipeline_parallel_size": "pipeline parallelism", "speculative_config": "speculative decoding",
+    "quantization": "quantization", "kv_cache_dtype": "a quantized KV cache", "enable_lora": "LoRA",
+}
+
+
+@dataclass(frozen=True)
+class VllmStageConfig:
+    """How the talker engine runs. ``None`` fields are derived from the model and the machine.
+
+    Attributes:
+        multiprocess: spawn vLLM's engine-core and worker processes (thread binding, overlap) instead
+            of running everything in this process.
+        talker_threads: OpenMP threads of the talker (worker process, or this process in-process).
+        talker_cpus: CPU list of the talker worker (multiprocess; ``VLLM_CPU_OMP_THREADS_BIND``).
+        pin_threads: False runs the talker worker's OpenMP threads unpinned (``VLLM_CPU_OMP_THREADS_BIND=nobind``,
+            ``OMP_NUM_THREADS=talker_threads``); ``talker_cpus`` must then be None.
+        reserved_cpus: CPUs vLLM keeps free for its engine-core process (``VLLM_CPU_NUM_OF_RESERVED_CPU``).
+        kv_cache_memory_bytes: paged KV cache size (None: room for one ``max_model_len`` request, which
+            several shorter ones share; vLLM needs at least that much).
+        block_size: KV block size in tokens (a multiple of 32 for vLLM's CPU attention).
+        num_gpu_blocks_override: force the number of KV blocks (tests use it to force preemption).
+        predictor_per_row: run the code predictor row by row (bitwise batch-invariant, slower).
+        compile_predictor: torch.compile (inductor) the code predictor's layers; None = the
+            ``OMNILAB_CPU_INDUCTOR`` or ``VLLM_OMNI_CPU_INDUCTOR`` environment variable (off by default).
+        enforce_eager: False uses vLLM's torch.compile path for the talker (needs prompt embeds on).
+        preload: libraries to ``LD_PRELOAD`` into the engine's processes (multiprocess), e.g. libiomp5.
+        engine_core_nice: niceness of vLLM's engine-core process (multiprocess). Its main thread spin-waits
+            (``sched_yield``) for up to 1 s after every worker reply, i.e. through the whole talker step, and
+            would otherwise take half of a CPU from whatever shares it (code2wav, the notebook).
+        engine_kwargs: extra ``vllm.EngineArgs`` (GPU-only ones are refused; ``gpu_memory_utilization`` is a
+            fraction of the worker's NUMA node memory, used when no KV size is given).
+    """
+    multiprocess: bool = False
+    talker_threads: int | None = None
+    talker_cpus: tuple[int, ...] | None = None
+    pin_threads: bool = True
+    reserved_cpus: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    block_size: int = 128
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int | None = None
+    num_gpu_blocks_override: int | None = None
+    predictor_per_row: bool = False
+    compile_predictor: bool | None = None
+    enforce_eager: bool = True
+    preload: tuple[str, ...] = ()
+    engine_core_nice: int = 10
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    log_level: str = "WARNING"
+
+    def __post_init__(self):
+        for key, what in _GPU_ONLY.items():
+            if key not in self.engine_kwargs:
+                continue
+            value = self.engine_kwargs[key]
+            if (key in ("tensor_parallel_size", "pipeline_parallel_size") and value == 1) or value in (False, None):
+                continue
+            raise UnsupportedError(f"{what} is not supported on CPU by omnilab's vLLM talker stage "
+                                   f"(engine argument {key!r})")
+        frac = self.engine_kwargs.get("gpu_memory_utilization")
+        if frac is not None and (isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1):
+            raise InputError(f"gpu_memory_utilization={frac!r}: expected a fraction in (0, 1] of the worker's NUMA "
+                             f"node memory (vLLM's CPU meaning)")
+        if not self.pin_threads and self.talker_cpus is not None:
+            raise InputError(f"pin_threads=False (nobind) takes no talker_cpus, got {self.talker_cpus}")
+        if self.block_size % 32:
+            raise InputError(f"block_size must be a multiple of 32 for vLLM's CPU attention (got {self.block_size})")
+        if self.talker_cpus is not None and self.talker_threads is not None and \
+                len(self.talker_cpus) != self.talker_threads:
+            raise InputError(f"talker_threads={self.talker_threads} but talker_cpus has {len(self.talker_cpus)} CPUs")
+
+
+SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM CPU_ATTN
+
+
+def padded_head_size(head_dim: int) -> int:
+    """Smallest head size vLLM's CPU attention supports that holds ``head_dim`` (zero padding)."""
+    for s in SUPPORTED_HEAD_SIZES:
+        if s >= head_dim:
+            return s
+    raise InputError(f"head_dim {head_dim} is larger than vLLM's CPU attention supports")
+
+
+def kv_bytes_per_token(tts_config: Any, dtype: torch.dtype) -> int:
+    """Paged KV cache bytes per token of one request (all layers, keys and values)."""
+    tc = tts_config.talker
+    return 2 * tc.num_hidden_layers * tc.num_key_value_heads * padded_head_size(tc.head_dim) * \
+        torch.empty(0, dtype=dtype).element_size()
+
+
+# ---------------------------------------------------------------- vLLM's CPU variables and the engine
+def _flag(environ: Mapping[str, str], var: str) -> bool | None:
+    raw = environ.get(var)
+    if raw is None or not raw.strip():
+        return None
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{var}={raw!r}: accepted values are 1 / true / yes / on and 0 / false / no / off")
+
+
+def compile_predictor_flag(value: bool | None, environ: Mapping[str, str]) -> tuple[bool, str]:
+    """``(compile, source)``: ``value`` if given, else ``OMNILAB_CPU_INDUCTOR``, else ``VLLM_OMNI_CPU_INDUCTOR``
+    (vllm-omni's name; both set: they must agree), else off."""
+    if value is not None:
+        return bool(value), "argument compile_predictor"
+    ours, theirs = _flag(environ, "OMNILAB_CPU_INDUCTOR"), _flag(environ, "VLLM_OMNI_CPU_INDUCTOR")
+    if ours is not None and theirs is not None and ours != theirs:
+        raise ConfigError(f"OMNILAB_CPU_INDUCTOR={environ['OMNILAB_CPU_INDUCTOR']!r} and VLLM_OMNI_CPU_INDUCTOR="
+                          f"{environ['VLLM_OMNI_CPU_INDUCTOR']!r} disagree; unset one")
+    if ours is not None:
+        return ours, "env OMNILAB_CPU_INDUCTOR"
+    if theirs is not None:
+        return theirs, "env (vLLM-Omni) VLLM_OMNI_CPU_INDUCTOR"
+    return False, "default: off"
+
+
+def _set_var(environ: Mapping[str, str], var: str) -> str | None:
+    raw = environ.get(var)
+    return raw if raw is not None and raw.strip() != "" else None  # vLLM ignores an empty value here
+
+
+def engine_kv_bytes(c: VllmStageConfig, derived: int, environ: Mapping[str, str]) -> int | None:
+    """``kv_cache_memory_bytes`` for the engine: ``VLLM_CPU_KVCACHE_SPACE`` when set (vLLM applies it over the
+    argument; a different explicit ``c.kv_cache_memory_bytes`` is a ``ConfigError``), else the config's, else
+    None when ``gpu_memory_utilization`` is given (vLLM sizes the cache), else ``derived``."""
+    from omnilab.profiles.overrides import whole_gib
+    raw = _set_var(environ, "VLLM_CPU_KVCACHE_SPACE")
+    if raw is not None:
+        kv = whole_gib(raw, "VLLM_CPU_KVCACHE_SPACE")
+        if c.kv_cache_memory_bytes is not None and c.kv_cache_memory_bytes != kv:
+            raise ConfigError(f"the talker engine is configured with kv_cache_memory_bytes={c.kv_cache_memory_bytes} "
+                              f"({c.kv_cache_memory_bytes / GiB:.2f} GiB) but VLLM_CPU_KVCACHE_SPACE={raw!r} is set, "
+                              f"which vLLM applies instead; unset it, or plan the profile in this environment")
+        return kv
+    if c.kv_cache_memory_bytes is not None:
+        return c.kv_cache_memory_bytes
+    return None if c.engine_kwargs.get("gpu_memory_utilization") is not None else derived
+
+
+def engine_cpu_env(c: VllmStageConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` / ``OMP_NUM_THREADS`` / ``VLLM_CPU_NUM_OF_RESERVED_CPU`` for the engine's
+    processes (multiprocess), consistent with the environment (see the module docstring)."""
+    from omnilab.profiles.overrides import NOBIND, parse_bind, reserve_count
+    env: dict[str, str] = {}
+    raw = _set_var(environ, "VLLM_CPU_OMP_THREADS_BIND")
+    theirs = parse_bind(raw, "VLLM_CPU_OMP_THREADS_BIND") if raw is not None else None
+    ours = NOBIND if not c.pin_threads else (tuple(c.talker_cpus),) if c.talker_cpus else None
+    same = theirs in (None, "auto", ours) or (isinstance(theirs, tuple) and isinstance(ours, tuple) and
+                                               len(theirs) == 1 and set(theirs[0]) == set(ours[0]))
+    if ours is not None and not same:
+        mine = "nobind" if ours == NOBIND else format_cpulist(ours[0])
+        raise ConfigError(f"the talker engine is configured to bind {mine!r} but VLLM_CPU_OMP_THREADS_BIND={raw!r} is "
+                          f"set, which vLLM would apply; unset it, or plan the profile in this environment")
+    bind = ours if ours is not None else theirs
+    if bind == NOBIND:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # what vLLM >= 0.10 calls 'all' (it rejects 'all')
+        if c.talker_threads is not None:
+            env["OMP_NUM_THREADS"] = str(c.talker_threads)  # under nobind vLLM leaves OpenMP to the environment
+    elif ours is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpulist(ours[0])
+    elif raw is None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"  # vLLM's default, stated (otherwise the environment's value stays)
+    count = _set_var(environ, "VLLM_CPU_NUM_OF_RESERVED_CPU")
+    n = reserve_count(count, "VLLM_CPU_NUM_OF_RESERVED_CPU") if count is not None else None
+    if c.reserved_cpus is not None:
+        if n is not None and n != c.reserved_cpus:
+            raise ConfigError(f"reserved_cpus={c.reserved_cpus} but VLLM_CPU_NUM_OF_RESERVED_CPU={count!r} is set; "
+                              f"unset one")
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(c.reserved_cpus)
+    return env

@@ -1,0 +1,388 @@
+"""The vLLM talker stage: the talker inside vLLM's CPU engine, behind the same API as the eager stage.
+
+Contract:
+- ``VllmTalkerStage(model, config)`` builds a ``vllm.LLMEngine`` whose worker is
+  :class:`~omnilab.stages.vllm.worker.TalkerCPUWorker`. ``config.multiprocess=False`` runs engine core and
+  worker in this process (lock-step ``step()``, fast init, notebooks); ``True`` spawns vLLM's engine-core
+  and worker processes, the worker's OpenMP threads bound to ``config.talker_cpus``.
+- Same methods as :class:`~omnilab.stages.eager.EagerTalkerStage`: ``add_request(request_id,
+  PromptRequest, SamplingParams) -> seed``, ``step(return_hidden) -> list[VllmFrameOutput]``, ``abort``,
+  ``has_unfinished``, ``num_live``, ``close`` (also a finalizer), ``max_new_tokens_limit``.
+- Frame and stop semantics equal the eager backend's (same codes for the same seed up to float rounding;
+  greedy codes match): ``max_new_tokens`` counts talker tokens (vLLM ``max_tokens = max_new_tokens - 1``,
+  every sampled non-EOS token becomes a frame), ``min_new_tokens`` masks EOS, EOS is a stop token. One
+  difference in *when*: a frame is returned in the step that computed it, so an EOS stop arrives one step
+  later as an output with ``codes=None``, ``finish_reason="eos"``. Generation is also capped by the
+  engine's ``max_model_len`` (``finish_reason="length"``).
+- Sleep mode and GPU-only engine options raise :class:`~omnilab.errors.UnsupportedError`.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import secrets
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+import torch
+
+from omnilab.stages.base import DEFAULT_MAX_NEW_TOKENS_LIMIT, FrameOutput
+from omnilab.errors import InputError, UnsupportedError, WorkerError
+from omnilab.models.prompt import PromptRequest, prompt_length
+from omnilab.sampling import SamplingParams
+from omnilab.stages.vllm import payload as vllm_payload
+from omnilab.stages.vllm.config import (WORKER_CLS, VllmStageConfig, compile_predictor_flag, engine_cpu_env,
+                                        engine_kv_bytes, kv_bytes_per_token)
+from omnilab.stages._env import temporary_environ
+
+__all__ = ["VllmTalkerStage", "VllmStageConfig", "VllmFrameOutput"]
+
+@dataclass
+class VllmFrameOutput(FrameOutput):
+    """:class:`~omnilab.stages.base.FrameOutput` plus vLLM step accounting (ms)."""
+    schedule_ms: float = 0.0   # scheduler.schedule() (in-process only)
+    engine_ms: float = 0.0     # worker idle gap before this step: scheduling, output handling, IPC
+    cycle_ms: float = 0.0      # worker cycle of this step: idle gap + execute_model + sample_tokens
+    step_ms: float = 0.0       # wall time of LLMEngine.step() seen by the client
+    batch_rows: int = 0        # rows that produced a frame in this step
+    step: int = 0              # worker step counter
+
+
+@dataclass
+class _Live:
+    user_id: Hashable
+    ext_id: str
+    int_id: str
+    seed: int
+    frames: int = 0
+
+
+def _renice(engine, nice: int) -> None:
+    """Lower the priority of every thread of the engine-core process(es) (see ``engine_core_nice``)."""
+    mgr = getattr(getattr(engine.engine_core, "resources", None), "engine_manager", None)
+    for p in getattr(mgr, "processes", []) or []:
+        with contextlib.suppress(OSError, TypeError):
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
+def _shutdown(engine_core) -> None:
+    with contextlib.suppress(Exception):
+        engine_core.shutdown()
+
+
+class VllmTalkerStage:
+    backend = "vllm"
+
+    def __init__(self, model, config: VllmStageConfig | None = None):
+        self.model = model
+        self.config = config = config or VllmStageConfig()
+        cfg = model.config
+        self.eos_id = cfg.talker.codec_eos_token_id
+        self.pad_id = cfg.talker.codec_pad_id
+        limit = int(model.generation.max_new_tokens) if model.generation.max_new_tokens else 0
+        self.max_new_tokens_limit = max(limit, DEFAULT_MAX_NEW_TOKENS_LIMIT)
+        self._live: dict[Hashable, _Live] = {}
+        self._by_ext: dict[str, _Live] = {}
+        self._pending: list[VllmFrameOutput] = []
+        self._ids = itertools.count()
+        self._share_key = None
+        self._return_hidden = False
+        self._worker_pid: int | None = None
+        self.schedule_ms = 0.0
+        self.init_s = 0.0
+        self.engine = self._build_engine()
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine.engine_core)
+        self._closed = False
+        if config.multiprocess:
+            # The engine core runs steps ahead of step() calls, so a per-step flag could arrive after the
+            # frame was computed: across processes the hidden state always travels (4 B x H per frame)
+            # and step() drops it unless asked for.
+            self.rpc("omnilab_set", None, True)
+            self._return_hidden = True
+
+    # ---- construction --------------------------------------------------------------------------------
+    def _build_engine(self):
+        c, m = self.config, self.model
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", c.log_level)
+        t0 = time.perf_counter()
+        import vllm.envs
+        from vllm import LLMEngine
+        from vllm.engine.arg_utils import EngineArgs
+
+        from omnilab.stages.vllm.plugin import register
+        from omnilab.stages.vllm.view import view_dir
+
+        register()
+        dtype = "float32" if m.dtype == torch.float32 else "bfloat16"
+        # vLLM's CPU variables stay set and reach the engine; the KV size and the binding agree with them
+        kv = engine_kv_bytes(c, kv_bytes_per_token(m.config, m.dtype) * (c.max_model_len + c.block_size), os.environ)
+        compile_flag, compile_source = compile_predictor_flag(c.compile_predictor, os.environ)
+        self.compile_predictor = (compile_flag, compile_source)
+        hf_overrides = {}
+        if not c.multiprocess and m.talker is not None:
+            from omnilab.stages.vllm.model import share_talker
+            self._share_key = share_talker(m.talker)
+            hf_overrides["omnilab_share_key"] = self._share_key
+        kwargs = dict(
+            model=str(view_dir(m.path)), skip_tokenizer_init=True, dtype=dtype, max_model_len=c.max_model_len,
+            enforce_eager=c.enforce_eager, enable_prompt_embeds=not c.enforce_eager, enable_prefix_caching=False,
+            worker_cls=WORKER_CLS, load_format="omnilab", kv_cache_memory_bytes=None if kv is None else int(kv),
+            max_num_seqs=c.max_num_seqs, block_size=c.block_size, enable_chunked_prefill=c.enable_chunked_prefill,
+            generation_config="vllm", hf_overrides=hf_overrides, seed=0, disable_log_stats=True)
+        if c.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
+        if c.num_gpu_blocks_override is not None:
+            kwargs["num_gpu_blocks_override"] = c.num_gpu_blocks_override
+        kwargs.update(c.engine_kwargs)
+        env: dict[str, str | None] = {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if c.multiprocess else "0",
+            "OMNILAB_VLLM_PREDICTOR_PER_ROW": "1" if c.predictor_per_row else None,
+            "OMNILAB_CPU_INDUCTOR": "1" if compile_flag else "0",  # what the runner reads
+            "VLLM_USE_V2_MODEL_RUNNER": None,
+        }
+        if c.multiprocess:
+            env.update(engine_cpu_env(c, os.environ))
+            if c.preload:
+                env["LD_PRELOAD"] = ":".join(c.preload)
+            pp = os.environ.get("PYTHONPATH", "")
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            if root not in pp.split(os.pathsep):
+                env["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
+        set_threads = torch.set_num_threads
+        if not c.multiprocess and c.talker_threads is not None:
+            torch.set_num_threads(c.talker_threads)
+        vllm.envs.disable_envs_cache()
+        try:
+            with temporary_environ(env):
+                engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        finally:
+            torch.set_num_threads = set_threads  # CPUWorker replaces it with a no-op, process-wide
+            vllm.envs.disable_envs_cache()
+            if self._share_key is not None:  # the worker holds the talker now (or failed to)
+                from omnilab.stages.vllm.model import unshare_talker
+                unshare_talker(self._share_key)
+                self._share_key = None
+        self.init_s = time.perf_counter() - t0
+        if not c.multiprocess:
+            self._wrap_scheduler(engine)
+        elif c.engine_core_nice:
+            _renice(engine, c.engine_core_nice)
+        return engine
+
+    def _wrap_scheduler(self, engine) -> None:
+        core = getattr(engine.engine_core, "engine_core", None)
+        sched = getattr(core, "scheduler", None)
+        if sched is None:
+            return
+        inner = sched.schedule
+
+        def timed_schedule(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                self.schedule_ms = 1e3 * (time.perf_counter() - t0)
+        sched.schedule = timed_schedule
+
+    # ---- in-process access ------------------------------------------------------------------------------
+    @property
+    def worker(self):
+        """The worker object (in-process only; None in multiprocess mode)."""
+        core = getattr(self.engine.engine_core, "engine_core", None)
+        executor = getattr(core, "model_executor", None)
+        driver = getattr(executor, "driver_worker", None)
+        return getattr(driver, "worker", None)
+
+    @property
+    def runner(self):
+        w = self.worker
+        return None if w is None else w.model_runner
+
+    def rpc(self, method: str, *args: Any, timeout: float | None = 30.0) -> Any:
+        """``collective_rpc`` on the talker worker (one worker) -> its result."""
+        self._check_open()
+        if self.config.multiprocess and not self._engine_alive():
+            raise WorkerError("the vLLM talker engine-core process exited")
+        return self.engine.collective_rpc(method, timeout=timeout, args=args)[0]
+
+    def processes(self) -> dict[int, str]:
+        """``{pid: role}`` of the engine's processes (in-process: the caller's own pid)."""
+        if not self.config.multiprocess or self._closed:
+            return {os.getpid(): "client+talker"}
+        out = {}
+        mgr = getattr(getattr(self.engine.engine_core, "resources", None), "engine_manager", None)
+        for p in getattr(mgr, "processes", []) or []:
+            if p.pid is not None:
+                out[p.pid] = "talker-engine-core"
+        if self._worker_pid is None:
+            with contextlib.suppress(Exception):
+                self._worker_pid = int(self.summary()["pid"])
+        if self._worker_pid is not None:
+            out[self._worker_pid] = "talker"
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Worker-side state tables, step counter, pid, CPU affinity and torch thread count."""
+        return self.rpc("omnilab_summary")
+
+    def take_spans(self) -> list[dict[str, Any]]:
+        """Spans come with each step's outputs (``worker_pid``/``worker_tid`` and phase times), none apart."""
+        return []
+
+    # ---- requests ----------------------------------------------------------------------------------------
+    def add_request(self, request_id: Hashable, req: PromptRequest, params: SamplingParams) -> int:
+        """Queue a request (prefilled by the next step). Returns the seed in use."""
+        self._check_open()
+        if request_id in self._live:
+            raise InputError(f"request_id {request_id!r} is already running")
+        cfg = self.model.config
+        n_prompt = prompt_length(cfg, req)
+        room = self.config.max_model_len - n_prompt
+        if room < 1:
+            raise InputError(f"prompt of {n_prompt} positions leaves no room under the engine's max_model_len "
+                             f"{self.config.max_model_len}")
+        params.validate(self.max_new_tokens_limit)
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        if params.max_new_tokens <= 1:  # token 0 would be the last one: it never becomes a frame
+            self._pending.append(VllmFrameOutput(request_id, 0, None, True, "length", seed))
+            return seed
+        from vllm import SamplingParams as VllmSampling
+        from vllm.inputs import TokensPrompt
+
+        max_tokens = min(params.max_new_tokens - 1, room)
+        extra = vllm_payload.request_to_extra(req, params, seed)
+        sp = VllmSampling(max_tokens=max_tokens, min_tokens=min(params.min_new_tokens, max_tokens), temperature=0.0,
+                          stop_token_ids=[self.eos_id], detokenize=False, skip_special_tokens=False,
+                          extra_args={vllm_payload.EXTRA_KEY: extra})
+        ext = f"omni-{next(self._ids)}"
+        int_id = self.engine.add_request(ext, TokensPrompt(prompt_token_ids=[self.pad_id] * n_prompt), sp)
+        live = _Live(request_id, ext, int_id, seed)
+        self._live[request_id] = live
+        self._by_ext[ext] = live
+        return seed
+
+    def step(self, return_hidden: bool = False) -> list[VllmFrameOutput]:
+        """One engine step -> one :class:`VllmFrameOutput` per request that produced something."""
+        self._check_open()
+        outs, self._pending = self._pending, []
+        if return_hidden != self._return_hidden and not self.config.multiprocess:
+            self.rpc("omnilab_set", None, return_hidden)
+            self._return_hidden = return_hidden
+        if not self._live:
+            return outs
+        t0 = time.perf_counter()
+        if self.config.multiprocess:
+            self._wait_for_output()
+        try:
+            results = self.engine.step()
+        except Exception as e:
+            raise WorkerError(f"the vLLM talker engine failed: {type(e).__name__}: {e}") from e
+        step_ms = 1e3 * (time.perf_counter() - t0)
+        for ro in results:
+            live = self._by_ext.get(ro.request_id)
+            if live is None:
+                continue
+            data = getattr(getattr(ro, "outputs", None), "data", None)
+            d = vllm_payload.decode(data) if isinstance(data, torch.Tensor) else None
+            codes = d["codes"] if d else None
+            finished = bool(ro.finished)
+            reason = None if not finished else ("length" if codes is not None else "eos")
+            if d is None:  # no record: the engine ended the request without a step of ours
+                reason = "length" if finished else None
+            o = VllmFrameOutput(
+                live.user_id, d["frame_index"] if d else live.frames, codes, finished, reason, live.seed,
+                hidden=d["hidden"] if d and return_hidden else None, step_ms=step_ms, schedule_ms=self.schedule_ms)
+            if d:
+                for name in vllm_payload.TIMING_FIELDS:
+                    setattr(o, name, d[name])
+                o.batch_rows, o.step = d["batch_rows"], d["step"]
+                o.worker_pid, o.worker_tid = d["pid"], d["tid"]
+            if codes is not None:
+                live.frames += 1
+            if finished:
+                self._forget(live)
+            outs.append(o)
+        return outs
+
+    def _engine_alive(self) -> bool:
+        core = self.engine.engine_core
+        res = getattr(core, "resources", None)
+        if res is None or getattr(res, "engine_dead", False):
+            return res is None
+        mgr = getattr(res, "engine_manager", None)
+        return all(p.is_alive() for p in getattr(mgr, "processes", []) or [])
+
+    def _wait_for_output(self, poll_s: float = 0.5) -> None:
+        """Block until the engine core has sent a step's outputs, checking every ``poll_s`` that its
+        processes live (vLLM's sync client would otherwise wait forever on a killed engine core)."""
+        q = getattr(self.engine.engine_core, "outputs_queue", None)
+        if q is None:
+            return
+        while True:
+            with q.not_empty:
+                if q._qsize() > 0 or q.not_empty.wait(timeout=poll_s) or q._qsize() > 0:
+                    return
+            if not self._engine_alive():
+                raise WorkerError("the vLLM talker engine-core process exited; close this pipeline and build "
+                                  "a new one")
+
+    def abort(self, request_id: Hashable) -> VllmFrameOutput | None:
+        """Drop a request, free its KV blocks and worker state. None if the id is unknown."""
+        live = self._live.get(request_id)
+        if live is None:
+            for i, o in enumerate(self._pending):
+                if o.request_id == request_id:
+                    return self._pending.pop(i)
+            return None
+        self._forget(live)
+        if not self._closed:
+            self.engine.abort_request([live.ext_id])
+            self.rpc("omnilab_release", [live.int_id])
+        return VllmFrameOutput(request_id, max(live.frames - 1, 0), None, True, "abort", live.seed)
+
+    def _forget(self, live: _Live) -> None:
+        self._live.pop(live.user_id, None)
+        self._by_ext.pop(live.ext_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live or self._pending)
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live) + len(self._pending)
+
+    def sleep(self, level: int = 1) -> None:
+        raise UnsupportedError("sleep mode is not supported on CPU: it offloads weights and KV cache from GPU "
+                               "memory; close() the pipeline to free the talker's memory instead")
+
+    wake_up = sleep
+
+    # ---- lifetime ------------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InputError("this vLLM talker stage is closed")
+
+    def close(self) -> None:
+        """Abort everything and stop the engine (and its processes). Idempotent."""
+        if self._closed:
+            return
+        for rid in list(self._live):
+            with contextlib.suppress(Exception):
+                self.abort(rid)
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> "VllmTalkerStage":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "multiprocess" if self.config.multiprocess else "in-process"
+        return f"VllmTalkerStage({mode}, live={len(self._live)}, closed={self._closed})"

@@ -1,0 +1,192 @@
+"""The talker as a vLLM model: omnilab's decoder layers with vLLM's paged attention and KV cache.
+
+Contract:
+- ``OmnilabTalkerForVLLM`` (architecture ``OmnilabQwen3TTSTalker``) owns an omnilab :class:`Talker`
+  (text/codec embeddings, decoder layers, codec head and the code predictor, parameter names equal to
+  the released ``talker.*`` tensors) plus one vLLM ``Attention`` per layer. The forward is the omnilab
+  decoder op for op (RMSNorm, q/k norm, rotate-half RoPE from the same fp32 tables, SwiGLU); only the
+  attention core runs in vLLM's CPU attention backend on the paged KV cache that vLLM's scheduler
+  manages. Inputs are always ``inputs_embeds`` (the runner builds them); ``input_ids`` are placeholders.
+- vLLM's CPU attention supports head sizes 32, 64, ...; a smaller head (the tiny test geometry, 16) is
+  zero-padded to 32 with the softmax scale of the true head size, which leaves the result unchanged.
+- Weights: the ``"omnilab"`` load format (:class:`OmnilabModelLoader`) fills the talker from the
+  checkpoint (:func:`omnilab.checkpoint.worker_weights.load_talker_weights`: strict, no mmap, bf16 text table),
+  or, in-process, reuses a talker already loaded in this process (:func:`share_talker`), so the weights
+  are never held twice.
+- ``hf_config`` is a Qwen3 text config written by :mod:`omnilab.stages.vllm.view` carrying the released
+  ``config.json`` as ``omnilab_tts_config`` and the checkpoint path as ``omnilab_checkpoint``.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.model_loader import register_model_loader
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+from omnilab.config import Qwen3TTSConfig
+from omnilab.kernels import gemv_choice
+from omnilab.models.layers import rotate_half
+from omnilab.models.talker import Talker
+from omnilab.stages.vllm.config import padded_head_size
+from omnilab.stages.vllm.view import ARCH
+from omnilab.checkpoint.worker_weights import load_talker_weights, release_memory
+
+LOAD_FORMAT = "omnilab"
+
+# In-process weight sharing: key -> Talker already loaded in this process (see share_talker).
+_SHARED: dict[str, Talker] = {}
+
+
+def share_talker(talker: Talker) -> str:
+    """Make ``talker`` available to an in-process engine of this process; returns the key to put in
+    the view config (``omnilab_share_key``). A spawned worker never finds it and loads from disk."""
+    key = f"{os.getpid()}:{id(talker)}"
+    _SHARED[key] = talker
+    return key
+
+
+def unshare_talker(key: str | None) -> None:
+    if key:
+        _SHARED.pop(key, None)
+
+
+@support_torch_compile(dynamic_arg_dims={"positions": -1, "inputs_embeds": 0})
+class PagedTalkerStack(nn.Module):
+    """The talker decoder over vLLM's paged KV cache: owns the omnilab :class:`Talker` and one vLLM
+    ``Attention`` per layer. Decorated for vLLM's torch.compile path (``enforce_eager=False``), which then
+    traces this forward once with dynamic token counts (inputs are always ``inputs_embeds``)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        from omnilab.checkpoint.load import meta_init
+
+        hf = vllm_config.model_config.hf_config
+        self.tts_config = Qwen3TTSConfig.from_dict(dict(hf.omnilab_tts_config))
+        tc = self.tts_config.talker
+        with meta_init():  # parameters arrive from the loader (no allocation, no random init here)
+            self.talker = Talker(self.tts_config)
+        self.head_dim = tc.head_dim
+        self.attn_head_dim = padded_head_size(tc.head_dim)
+        base = f"{prefix}." if prefix else ""
+        self.attn = nn.ModuleList(
+            Attention(tc.num_attention_heads, self.attn_head_dim, tc.head_dim ** -0.5,
+                      num_kv_heads=tc.num_key_value_heads, cache_config=vllm_config.cache_config,
+                      prefix=f"{base}attn.{i}")
+            for i in range(tc.num_hidden_layers))
+        self.max_positions = vllm_config.model_config.max_model_len
+        self.rope_cos = self.rope_sin = None
+
+    def prepare_rope(self, dtype: torch.dtype) -> None:
+        """Cos/sin rows for every position the engine can schedule (the same fp32-built, cast tables that
+        ``RopeTable.get`` indexes, so lookups are bitwise identical)."""
+        cos, sin = self.talker.rope.span(0, self.max_positions, dtype)
+        self.rope_cos, self.rope_sin = cos[0], sin[0]  # [P, D]
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        x = inputs_embeds  # [N, H]
+        n = x.shape[0]
+        cos, sin = self.rope_cos[positions][:, None, :], self.rope_sin[positions][:, None, :]  # [N, 1, D]
+        d, dp = self.head_dim, self.attn_head_dim
+        for layer, attn in zip(self.talker.model.layers, self.attn):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_norm(a.q_proj(h).view(n, -1, d))  # [N, Hq, D]
+            k = a.k_norm(a.k_proj(h).view(n, -1, d))  # [N, Hkv, D]
+            v = a.v_proj(h).view(n, -1, d)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            if dp != d:
+                pad = (0, dp - d)
+                q, k, v = (nn.functional.pad(t, pad) for t in (q, k, v))
+            o = attn(q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1))  # [N, Hq * Dp]
+            if dp != d:
+                o = o.view(n, -1, dp)[..., :d]
+            x = x + a.o_proj(o.reshape(n, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.talker.model.norm(x)
+
+
+class OmnilabTalkerForVLLM(nn.Module):
+    """vLLM text-generation model over codec ids (vocab 3072); see the module docstring."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        hf = vllm_config.model_config.hf_config
+        self.checkpoint = str(hf.omnilab_checkpoint)
+        self.share_key = getattr(hf, "omnilab_share_key", None)
+        self.dtype = vllm_config.model_config.dtype
+        self.stack = PagedTalkerStack(vllm_config=vllm_config, prefix=f"{prefix}.stack" if prefix else "stack")
+        self.tts_config = self.stack.tts_config
+        self.logits_ms = 0.0
+
+    @property
+    def talker(self) -> Talker:
+        return self.stack.talker
+
+    # ---- vLLM model interface ----------------------------------------------------------------------
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Codec-table rows (only used by vLLM's dummy/warm-up runs: the runner supplies embeddings)."""
+        return self.talker.model.codec_embedding(input_ids.clamp(0, self.tts_config.talker.vocab_size - 1))
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs: Any) -> torch.Tensor:
+        """``inputs_embeds`` [N, H] (flattened tokens of all scheduled requests) -> final-norm hidden [N, H]."""
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        return self.stack(None, positions.reshape(-1).long(), None, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self.talker.codec_head(hidden_states)
+        self.logits_ms = 1e3 * (time.perf_counter() - t0)
+        return logits
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Default-loader path (``load_format="safetensors"``): released ``talker.*`` names."""
+        state = {}
+        for name, tensor in weights:
+            if name.startswith("talker."):
+                t = tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+                state[name[len("talker."):]] = t
+        self.talker.load_state_dict(state, strict=True, assign=True)
+        self.talker.requires_grad_(False).eval()
+        self.stack.prepare_rope(self.dtype)
+        gemv_choice()  # resolve (and build) the decode-linear kernel at load, not in the first step
+        return {n for n, _ in self.named_parameters()}
+
+    # ---- omnilab loading ---------------------------------------------------------------------------
+    def load_talker(self) -> str:
+        """Fill ``self.talker``: the in-process shared talker when available, else from the checkpoint.
+        Returns ``"shared"`` or ``"disk"``."""
+        shared = _SHARED.get(self.share_key) if self.share_key else None
+        source = "shared" if shared is not None and shared.dtype == self.dtype else "disk"
+        self.stack.talker = shared if source == "shared" else \
+            load_talker_weights(self.checkpoint, self.tts_config, self.dtype)
+        if source == "disk":
+            release_memory()  # the file's bf16 copies read while casting
+        self.stack.prepare_rope(self.dtype)
+        gemv_choice()
+        return source
+
+
+@register_model_loader(LOAD_FORMAT)
+class OmnilabModelLoader(BaseModelLoader):
+    """``load_format="omnilab"``: weights come from omnilab's strict checkpoint loader."""
+
+    def download_model(self, model_config) -> None:  # local directories only
+        pass
+
+    def load_weights(self, model: nn.Module, model_config) -> None:
+        if not isinstance(model, OmnilabTalkerForVLLM):
+            raise TypeError(f"load_format {LOAD_FORMAT!r} only loads {ARCH}, not {type(model).__name__}")
+        model.load_talker()

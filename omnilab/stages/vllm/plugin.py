@@ -1,0 +1,23 @@
+"""vLLM plugin entry point (``vllm.general_plugins``: ``omnilab_talker = omnilab.stages.vllm.plugin:register``).
+
+``register()`` makes the omnilab talker architecture and the ``"omnilab"`` load format known to vLLM in
+the calling process. vLLM calls it in every process it starts when omnilab is installed; the worker
+module and the engine client also call it directly, so a source checkout on ``PYTHONPATH`` works too.
+Idempotent.
+"""
+from __future__ import annotations
+
+_done = False
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    from vllm import ModelRegistry
+
+    from omnilab.stages.vllm.model import ARCH, OmnilabTalkerForVLLM  # also registers the load format
+
+    if ARCH not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCH, OmnilabTalkerForVLLM)
+    _done = True
