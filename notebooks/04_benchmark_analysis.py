@@ -11,11 +11,13 @@
 # %% [markdown]
 # # 04 · Benchmark analysis
 #
-# `omnilab bench` (stream-latency benchmark) writes `<out>/<name>.json` (default `./omnilab-bench/`) plus summary and per-request
-# CSVs. This notebook reads them: no model runs here. Regenerate with e.g.
-# `omnilab bench --size 0.6b --threads 2 --concurrency 1,2 --requests 3`.
+# `omnilab bench` writes one `<out>/<name>.json` (default `./omnilab-bench/`): a row per configuration (the printed
+# table), and per concurrency point and per request the stream-latency figures (`summary`, `requests`). This
+# notebook reads the committed ones (`data/bench`, from the earlier stream-latency `omnilab bench`): no model runs
+# here. Regenerate with e.g. `omnilab bench --size 0.6b --threads 2 --configs eager,vllm,vllm-workers
+# --concurrency 1,2 --requests 3 --frames 24 --sample --chunks profile` (see `data/README.md`).
 #
-# Columns (definitions in `omnilab.instrument.trace` / `omnilab.bench.run`): TTFA, playback-start latency and stall;
+# Columns (definitions in `omnilab.instrument.trace` / `omnilab.bench.drivers`): TTFA, playback-start latency and stall;
 # RTF = wall/audio and x-realtime = audio/wall; per-stage ms/frame; aggregate frames/s; peak RSS per
 # process; `floor_ms_per_frame` = the weights a talker step reads per frame, timed as pure GEMVs on the
 # machine; `floor_ratio` = achieved talker ms/frame ÷ floor (1 = at the memory-bandwidth floor).
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import omnilab
 from omnilab import display as D
-from omnilab.bench.run import load_bench
+from omnilab.bench.results import load_bench
 
 # the results committed with the repository (data/bench); `omnilab bench` writes new ones to ./omnilab-bench/
 DATA_DIR = Path(omnilab.__file__).resolve().parents[1] / "data"
@@ -48,11 +50,19 @@ for name, run in runs.items():
 # ## Machine and floor
 
 # %%
+def _floor_ms(r):  # earlier files: one floor in meta; today's: one per row (measured next to it)
+    if "floor_ms_per_frame" in r.meta:
+        return r.meta["floor_ms_per_frame"]
+    fl = [row["floor_ms"] for row in r.rows if row.get("floor_ms")]
+    return sorted(fl)[len(fl) // 2] if fl else float("nan")
+
+
 pd.DataFrame({name: {"checkpoint": r.meta["checkpoint"].rsplit("/", 1)[-1], "dtype": r.meta["dtype"],
-                     "threads": r.meta["threads"], "DRAM GEMV GB/s": round(r.meta["bandwidth"]["gbps"], 2),
+                     "threads": r.meta["threads"],
+                     "DRAM GEMV GB/s": round(r.meta.get("bandwidth", {}).get("gbps", float("nan")), 2),
                      "GB read per frame": round(r.meta["bytes_per_frame"]["talker_bytes_per_frame"] / 1e9, 3),
-                     "floor ms/frame": round(r.meta["floor_ms_per_frame"], 1),
-                     "all-DRAM floor ms/frame": round(r.meta["floor_dram_ms_per_frame"], 1)}
+                     "floor ms/frame": round(_floor_ms(r), 1),
+                     "all-DRAM floor ms/frame": round(r.meta.get("floor_dram_ms_per_frame", float("nan")), 1)}
               for name, r in runs.items()})
 
 # %% [markdown]

@@ -1,7 +1,7 @@
 """Turn ``Pipeline.from_pretrained``'s deployment arguments into what the stages are built with.
 
 Contract: ``prepare(checkpoint_dir, backend=, deploy_profile=, deploy=, dtype=, num_threads=,
-max_concurrency=, chunk_schedule=) -> Deployment`` resolves the deploy profile (``"auto"``, a preset
+max_concurrency=, chunk_schedule=, model_config=) -> Deployment`` resolves the deploy profile (``"auto"``, a preset
 name, a YAML path, a ``DeployProfile``, or None for none) for this machine and this checkpoint, folds
 the explicit arguments into it (``dtype``/``num_threads``/``max_concurrency`` re-plan as argument
 overrides; ``OMNILAB_*`` variables still win, as everywhere in ``omnilab.profiles``), and decides where
@@ -45,7 +45,7 @@ class Deployment:
     dtype: Any                     # what load_model gets (None = its own rule)
     num_threads: int | None        # torch threads of this process (None = leave as is)
     chunk_schedule: Any            # ChunkSchedule | None
-    vllm_deploy: Any = None        # VllmDeploy spec for omnilab.stages.vllm.deploy (vllm backend)
+    vllm_deploy: Any = None        # omnilab.stages.vllm.deploy.VllmDeploy, resolved once (vllm backend)
     gemv: Any = None               # omnilab.kernels.GemvChoice of this process (set by Pipeline.from_pretrained)
     hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
     weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
@@ -91,8 +91,10 @@ def _dtype_name(dtype: Any) -> str | None:
 
 
 def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = None, num_threads: int | None = None,
-                             max_concurrency: int | None = None):
-    """The ``DeployProfile`` for ``from_pretrained``'s ``deploy_profile`` and explicit arguments (or None)."""
+                             max_concurrency: int | None = None, model_config: Any = None):
+    """The ``DeployProfile`` for ``from_pretrained``'s ``deploy_profile`` and explicit arguments (or None).
+    ``model_config``: the checkpoint's geometry (see ``omnilab.profiles.planner.as_geometry``; a ``ModelGeometry``
+    from configs already parsed), None = read from ``checkpoint_dir``."""
     if spec is None:
         if max_concurrency is not None:
             raise InputError("max_concurrency= sizes the deploy profile; it needs deploy_profile (e.g. 'auto')")
@@ -117,7 +119,8 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
     kwargs: dict[str, Any] = {"overrides": overrides} if overrides else {}
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency
-    return resolve_profile(spec, model_config=as_geometry(checkpoint_dir), **kwargs)
+    geometry = as_geometry(model_config if model_config is not None else checkpoint_dir)
+    return resolve_profile(spec, model_config=geometry, **kwargs)
 
 
 def _chunk_schedule(profile):
@@ -128,8 +131,9 @@ def _chunk_schedule(profile):
 
 def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto", deploy: Any = None,
             dtype: Any = None, num_threads: int | None = None, max_concurrency: int | None = None,
-            chunk_schedule: Any = None) -> Deployment:
-    """Resolve profile and placement (see the module docstring)."""
+            chunk_schedule: Any = None, model_config: Any = None) -> Deployment:
+    """Resolve profile and placement (see the module docstring). ``model_config``: the checkpoint's geometry
+    when the caller has parsed its configs already (``ModelGeometry``; None = read from ``checkpoint_dir``)."""
     if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool)
                                     or num_threads < 1):
         raise InputError(f"num_threads must be a positive integer; got {num_threads!r}")
@@ -142,7 +146,7 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     if backend == "eager" and deploy not in (None, "auto", "inprocess"):
         raise InputError(f"deploy={deploy!r} applies to backend='vllm' only (the eager backend runs in this process)")
     profile = resolve_pipeline_profile(checkpoint_dir, deploy_profile, dtype=dtype, num_threads=num_threads,
-                                       max_concurrency=max_concurrency)
+                                       max_concurrency=max_concurrency, model_config=model_config)
     if backend == "eager":
         mode, why = "inprocess", "the eager backend runs both stages in this process"
     elif deploy is not None and not isinstance(deploy, str):  # an explicit VllmDeploy / VllmStageConfig / dict
@@ -166,8 +170,10 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     threads = num_threads if profile is None else profile.threads("talker")
     if backend == "eager":
         return Deployment(backend, profile, "in-process", why, load_dtype, threads, sched, not_applied=not_applied)
-    if mode == "custom":
-        return Deployment(backend, profile, "custom", why, load_dtype, num_threads, sched, vllm_deploy=deploy)
+    if mode == "custom":  # resolved here, once: the stage builders get the VllmDeploy, not the spec
+        from omnilab.stages.vllm.deploy import resolve_deploy
+        return Deployment(backend, profile, "custom", why, load_dtype, num_threads, sched,
+                          vllm_deploy=resolve_deploy(deploy))
     if profile is None:
         from omnilab.stages.vllm.deploy import VllmDeploy, VllmStageConfig
         spec = VllmDeploy.multiprocess_default() if mode == "workers" else VllmDeploy(

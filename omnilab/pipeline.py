@@ -137,16 +137,19 @@ class Pipeline:
         if backend not in BACKENDS:
             raise InputError(f"backend {backend!r} is not known; accepted: {', '.join(BACKENDS)}")
         from omnilab.deployment import prepare
-        from omnilab.checkpoint.load import load_model, resolve_checkpoint
+        from omnilab.checkpoint.load import load_model, read_configs, resolve_checkpoint, validate_checkpoint_dir
+        from omnilab.profiles.planner import as_geometry
         from omnilab.stages.code2wav.stage import Code2WavStage
         from omnilab.stages.eager import EagerTalkerStage
 
         if path_or_hub_id is None:
             from omnilab.checkpoint.random import default_checkpoint
             path_or_hub_id = default_checkpoint()
-        path = resolve_checkpoint(path_or_hub_id)
+        path = validate_checkpoint_dir(resolve_checkpoint(path_or_hub_id))
+        configs = read_configs(path)  # parsed once: the deploy profile's geometry and the loader both use them
         dep = prepare(path, backend=backend, deploy_profile=deploy_profile, deploy=deploy, dtype=dtype,
-                      num_threads=num_threads, max_concurrency=max_concurrency, chunk_schedule=chunk_schedule)
+                      num_threads=num_threads, max_concurrency=max_concurrency, chunk_schedule=chunk_schedule,
+                      model_config=as_geometry(*configs, where=path))
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
         from omnilab.kernels import gemv_choice
@@ -161,10 +164,10 @@ class Pipeline:
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm.deploy import build_stages, client_load_options
-            model = load_model(path, dtype=dep.dtype, **client_load_options(dep.vllm_deploy))
+            model = load_model(path, dtype=dep.dtype, configs=configs, **client_load_options(dep.vllm_deploy))
             talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy)
         else:
-            model = load_model(path, dtype=dep.dtype)
+            model = load_model(path, dtype=dep.dtype, configs=configs)
             c2w_threads = dep.profile.threads("code2wav") if dep.profile is not None else None
             talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav, threads=c2w_threads)
         return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,

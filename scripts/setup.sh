@@ -18,8 +18,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 log=.venv/setup.log
 : >"$log"
-echo "[setup] installing omnilab and its dependencies (log: $log)"
-if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[notebook,dev]" >>"$log" 2>&1; then
+# Extras (pyproject.toml): engine = torch, vLLM and what synthesis needs (the core alone is the torch-free
+# probe/plan/profiles/traces); notebook = plots, widgets, notebook runner; dev = the test suite's needs.
+echo "[setup] installing omnilab[engine,notebook,dev] and its dependencies (log: $log)"
+if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[engine,notebook,dev]" >>"$log" 2>&1; then
   grep -v "^WARNING: Location" "$log" | tail -n 30
   echo "[setup] pip install failed (full log: $log)" >&2
   exit 1

@@ -7,6 +7,21 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
+# The variables that choose this machine's kernel builds: a run under caps (``scripts/test.sh --avx2-one-thread``)
+# sets them for every process, and the choice is cached per process, so a test that clears the environment
+# keeps them (else a worker process would resolve another kernel than this one).
+KERNEL_VARS = ("OMNILAB_CPU_GEMV", "OMNILAB_CPU_SNAKE", "OMNILAB_CPU_QGEMV", "OMNILAB_CACHE")
+VLLM_CPU_VARS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                 "VLLM_OMNI_CPU_INDUCTOR")
+
+
+def clear_override_env(monkeypatch, extra: tuple[str, ...] = ()) -> None:
+    """Delete every ``OMNILAB_*`` override (profile, dtype, ...) and vLLM's CPU variables for one test, keeping
+    the kernel choices of the run (``KERNEL_VARS``)."""
+    for k in list(os.environ):
+        if (k.startswith("OMNILAB_") and k not in KERNEL_VARS) or k in VLLM_CPU_VARS or k in extra:
+            monkeypatch.delenv(k)
+
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):

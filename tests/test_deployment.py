@@ -6,6 +6,7 @@ threads, dtype and chunking are what the stages run with.
 from __future__ import annotations
 
 import pytest
+from conftest import clear_override_env
 import torch
 
 from omnilab.deployment import prepare
@@ -19,27 +20,42 @@ KW = dict(speaker="vivian", language="english", do_sample=False, subtalker_do_sa
 
 @pytest.fixture(autouse=True)
 def _no_profile_env(monkeypatch):
+    clear_override_env(monkeypatch)
+
+
+@pytest.mark.parametrize("machine, mode", [("vm2_avx2", "shared"), ("xeon_2s_avx512_smt", "split")])
+def test_auto_profile_places_the_engine_by_the_planned_mode(tiny_ckpt, monkeypatch, machine, mode):
+    """``deploy=None`` on an auto profile: in this process when the plan shares CPUs (2-core VM), stage workers
+    on the planned CPUs when it splits them (2-socket Xeon). The profile is planned on a hardware fixture, not
+    on the host running the suite, so both outcomes are checked on every machine."""
     import os
-    for k in list(os.environ):
-        if k.startswith("OMNILAB_") and k not in ("OMNILAB_CACHE",):
-            monkeypatch.delenv(k)
+    from pathlib import Path
 
+    from omnilab.hardware import probe_hardware
 
-def test_auto_profile_on_shared_cpus_runs_the_engine_in_process(tiny_ckpt):
+    hw = probe_hardware(Path(__file__).resolve().parent / "fixtures" / "hardware" / f"{machine}.json")
+    monkeypatch.setattr("omnilab.hardware.probe_hardware", lambda *a, **k: hw)  # what resolve_profile probes
+    for k in [k for k in os.environ if k.startswith("VLLM_CPU_")]:  # vLLM's CPU variables would override the plan
+        monkeypatch.delenv(k)
     d = prepare(tiny_ckpt(), backend="vllm")
-    assert isinstance(d.profile, DeployProfile) and d.profile.name == "auto"
-    if d.profile.mode.value == "shared":
-        assert d.placement == "in-process" and "shared" in d.reason
-        assert d.vllm_deploy.talker.multiprocess is False
+    p = d.profile
+    assert isinstance(p, DeployProfile) and p.name == "auto" and p.mode.value == mode and p.mode.source == "auto"
+    t = d.vllm_deploy.talker
+    if mode == "shared":
+        assert d.placement == "in-process" and "shared" in d.reason and t.multiprocess is False
+        assert d.num_threads == p.threads("talker") and not d.vllm_deploy.code2wav_process
     else:
-        assert d.placement == "workers"
-    assert d.vllm_deploy.talker.kv_cache_memory_bytes == d.profile.kv_cache_bytes.value
-    assert d.vllm_deploy.talker.max_num_seqs == d.profile.max_num_seqs.value
-    assert d.dtype == d.profile.dtype.value and d.profile.dtype.source == "auto"
+        assert d.placement == "workers" and "split" in d.reason and d.num_threads is None
+        assert t.multiprocess and t.talker_cpus == p.cpus("talker") and t.talker_threads == p.threads("talker")
+        assert d.vllm_deploy.code2wav_process and d.vllm_deploy.code2wav_cpus == p.cpus("code2wav")
+        assert not set(p.cpus("talker")) & set(p.cpus("code2wav"))
+    assert t.kv_cache_memory_bytes == p.kv_cache_bytes.value
+    assert t.max_num_seqs == p.max_num_seqs.value
+    assert d.dtype == p.dtype.value and p.dtype.source == "auto"
+    assert d.dtype == ("bfloat16" if hw.native_bf16()[0] else "float32")
     c = d.chunk_schedule
-    assert (c.first_frames, c.ramp, c.steady_frames) == (d.profile.first_chunk_frames.value,
-                                                         d.profile.chunk_ramp_frames.value,
-                                                         d.profile.steady_chunk_frames.value)
+    assert (c.first_frames, c.ramp, c.steady_frames) == (p.first_chunk_frames.value, p.chunk_ramp_frames.value,
+                                                         p.steady_chunk_frames.value)
 
 
 def test_split_profile_puts_stages_in_workers_on_the_planned_cpus(tiny_ckpt, monkeypatch):
@@ -186,3 +202,14 @@ def test_preset_and_yaml_profiles_apply(tiny_ckpt, tmp_path):
     assert d2.profile.values() == d.profile.values()
     d3 = prepare(tiny_ckpt(), backend="eager", deploy_profile=d.profile, dtype="bfloat16")
     assert d3.profile.dtype.value == "bfloat16" and d3.profile.dtype.source == "argument"
+
+
+def test_an_explicit_deploy_is_resolved_once(tiny_ckpt):
+    """``deploy=`` given explicitly (a dict here) becomes a ``VllmDeploy`` in ``prepare``; the stage builders
+    (``client_load_options``, ``build_stages``) get that object back from ``resolve_deploy`` as is."""
+    from omnilab.stages.vllm.deploy import VllmDeploy, client_load_options, resolve_deploy
+
+    d = prepare(tiny_ckpt(), backend="vllm", deploy={"max_model_len": 256, "block_size": 32})
+    assert d.placement == "custom" and isinstance(d.vllm_deploy, VllmDeploy)
+    assert resolve_deploy(d.vllm_deploy) is d.vllm_deploy and d.vllm_deploy.talker.max_model_len == 256
+    assert client_load_options(d.vllm_deploy) == {"load_talker": True, "load_code2wav": True}

@@ -167,6 +167,22 @@ def test_bad_gemv_mode_fails_at_load(tiny_ckpt, monkeypatch):
         gemv.reset()
 
 
+def test_from_pretrained_parses_each_config_file_once(tiny_ckpt, monkeypatch):
+    """config.json and speech_tokenizer/config.json are parsed once per load: the deploy profile's geometry
+    and the loader share them (they were parsed twice each, once for planning and once for loading)."""
+    from omnilab.config import Qwen3TTSConfig, SpeechTokenizerConfig
+
+    path = tiny_ckpt()  # built (and its configs written) before counting
+    parsed: list[str] = []
+    for cls in (Qwen3TTSConfig, SpeechTokenizerConfig):
+        real = cls.from_dict.__func__
+        monkeypatch.setattr(cls, "from_dict", classmethod(
+            lambda c, d, _real=real: parsed.append(c.__name__) or _real(c, d)))
+    with Pipeline.from_pretrained(path, backend="eager", dtype="float32", deploy_profile="auto") as pipe:
+        assert pipe.profile is not None and pipe.model.config.tts_model_type == "custom_voice"
+    assert sorted(parsed) == ["Qwen3TTSConfig", "SpeechTokenizerConfig"], parsed
+
+
 def test_device_and_backend_errors(tiny_ckpt):
     with pytest.raises(UnsupportedError, match="'cpu'"):
         Pipeline.from_pretrained(tiny_ckpt(), device="cuda")

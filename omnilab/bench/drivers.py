@@ -1,69 +1,88 @@
-"""What ``omnilab.bench.run`` measures with: request drivers, the GEMV bandwidth probe, bytes per frame,
-and the official reference run. Works through the public ``Pipeline`` API only, for every backend.
+"""Request drivers of ``omnilab bench``: stream requests through the public ``Pipeline`` API and time every step.
 
-- ``stream_requests``: N prompts with at most ``concurrency`` in flight (closed loop). Concurrency 1 uses
-  ``pipe.stream`` (the user path); above 1, the step-wise API (``pipe.talker.start/step`` +
-  ``pipe.code2wav.open_session``) streams every live request with the pipeline's chunk schedule, recording
-  the same spans as ``pipe.stream`` through ``pipe.recorder``. Returns one ``Trace`` per request.
-- ``measure_gemv_bandwidth``: best fp32 ``W @ x`` throughput over a matrix far larger than the caches.
-- ``bytes_per_frame``: weights the talker step reads per frame at batch 1 (checkpoint tensor shapes):
-  1 talker decode + 15 code-predictor passes. code2wav is compute-bound and excluded.
-- ``measure_frame_floor``: the same bytes as pure GEMVs (talker-sized matrix once, predictor-sized
-  matrix 15 times, so cache reuse counts as in the real step): the time a frame cannot beat.
-- ``run_reference``: the official ``qwen-tts`` (``.venv-ref``) on the same checkpoint and threads.
+- ``run_point``: N prompts with at most ``concurrency`` in flight (closed loop; N == concurrency: all
+  started together), through the step-wise API (``pipe.talker.start/step`` + ``pipe.code2wav.open_session``),
+  chunked with a ``ChunkSchedule`` (default 1 frame, then 25: the pipeline's own default without a
+  profile). Spans are recorded through ``pipe.recorder`` as ``pipe.stream`` records them, so every request
+  has a ``Trace``; besides, the wall time and phases of each talker step and each code2wav push are kept.
+- ``summarize_point``: the figures of one point (definitions in its docstring) and one row per request.
+- ``stream_requests``: ``run_point``'s traces (one per prompt, in order).
+- ``code2wav_chunk_costs``: an in-process decoder's ms per frame on offline 1/25/100-frame chunks, in a
+  steady stream (25-frame chunks after 75 frames of context) and the first 1-frame chunk of a stream (ms).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
-import sys
-import tempfile
+import statistics
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from omnilab.instrument.recorder import clock
 
-REPO = Path(__file__).resolve().parents[2]  # a source checkout (the reference env lives there); absent otherwise
-REFERENCE_PYTHON = REPO / ".venv-ref" / "bin" / "python"
-REFERENCE_SCRIPT = REPO / "scripts" / "reference" / "run_reference.py"
+FRAME_MS = 80.0  # audio per frame at 12.5 Hz (1920 samples at 24 kHz)
 
 
-def stream_requests(pipe: Any, prompts: Sequence[str], kwargs: Sequence[dict], concurrency: int,
-                    on_done: Callable[[Any], None] | None = None) -> list:
-    """Stream every prompt (``kwargs[i]`` for prompt i); returns each request's ``Trace`` in order."""
-    if concurrency <= 1:
-        traces = []
-        for text, kw in zip(prompts, kwargs):
-            last = None
-            for chunk in pipe.stream(text, **kw):
-                last = chunk
-            traces.append(last.trace if last is not None else None)
-            if on_done:
-                on_done(traces[-1])
-        return traces
-    return _stream_concurrent(pipe, prompts, kwargs, concurrency, on_done)
+def default_schedule():
+    from omnilab.models.code2wav_stream import ChunkSchedule
+
+    return ChunkSchedule(first_frames=1, ramp=(), steady_frames=25)
 
 
-def _stream_concurrent(pipe, prompts, kwargs, concurrency, on_done) -> list:
-    import torch
+@dataclass
+class PointRun:
+    """What ``run_point`` saw: one ``Trace`` per request, one record per talker step that produced frames
+    (``step_ms`` client wall, the first row's phases, ``prefill``: the step held a prefill), one record per
+    code2wav push, per-request time to first audio, and the point's wall time."""
+    concurrency: int
+    traces: list
+    steps: list[dict] = field(default_factory=list)
+    pushes: list[dict] = field(default_factory=list)
+    ttfa_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    talker_in_worker: bool = False
 
-    rec, sched = pipe.recorder, pipe.chunk_schedule
+
+def _med(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x is not None and x == x]
+    return float(statistics.median(xs)) if xs else math.nan
+
+
+def run_point(pipe: Any, prompts: Sequence[str], kwargs: Sequence[dict], concurrency: int, schedule: Any = None,
+              on_done: Callable[[Any], None] | None = None) -> PointRun:
+    """Stream every prompt (``kwargs[i]`` for prompt i) with at most ``concurrency`` in flight."""
+    rec, sched = pipe.recorder, schedule or default_schedule()
+    me = os.getpid()
+    run = PointRun(concurrency, [None] * len(prompts),
+                   talker_in_worker="talker" not in pipe.processes().get(me, ""))
     queue = list(range(len(prompts)))
     live: dict[Any, dict] = {}
-    traces: list = [None] * len(prompts)
+    t_point = time.perf_counter()
     with pipe.hooks.running():
         try:
             while queue or live:
                 while queue and len(live) < concurrency:
                     i = queue.pop(0)
+                    t0 = time.perf_counter()
                     rid = pipe.talker.start(prompts[i], **kwargs[i])
                     rec.keep_open(rid)
-                    live[rid] = {"i": i, "session": pipe.code2wav.open_session(rid), "pending": [],
+                    live[rid] = {"i": i, "t0": t0, "session": pipe.code2wav.open_session(rid), "pending": [],
                                  "chunk": 0, "frame": 0, "done": False, "reason": ""}
-                for rid, o in pipe.talker.step().items():
+                ts = time.perf_counter()
+                outs = pipe.talker.step()
+                step_ms = 1e3 * (time.perf_counter() - ts)
+                rows = [o for o in outs.values() if o.codes is not None]
+                if rows:
+                    o = rows[0]  # phases are the step's, shared by its rows
+                    # VllmFrameOutput adds the engine's accounting; an eager FrameOutput has none of it
+                    run.steps.append({"step_ms": step_ms, "rows": len(rows),
+                                      "prefill": any(r.prefill_ms > 0 for r in outs.values()),
+                                      "talker_ms": o.talker_ms, "predictor_ms": o.predictor_ms,
+                                      "input_prep_ms": o.input_prep_ms, "sampling_ms": o.sampling_ms,
+                                      "cycle_ms": getattr(o, "cycle_ms", 0.0),
+                                      "schedule_ms": getattr(o, "schedule_ms", 0.0)})
+                for rid, o in outs.items():
                     st = live.get(rid)
                     if st is None:
                         continue
@@ -73,169 +92,139 @@ def _stream_concurrent(pipe, prompts, kwargs, concurrency, on_done) -> list:
                         st["done"], st["reason"] = True, o.finish_reason or ""
                 for rid, st in list(live.items()):
                     if st["pending"] and (st["done"] or len(st["pending"]) >= sched.chunk_frames(st["chunk"])):
-                        t = clock()
-                        codes = torch.stack(st["pending"]).numpy()
-                        rec.span("hop", rid, t, frame_index=st["frame"], num_frames=len(codes))
-                        t = clock()
-                        audio = st["session"].push(codes)
-                        rec.span("code2wav_chunk", rid, t, frame_index=st["frame"], num_frames=len(codes))
-                        pipe._take_spans(st["session"])
-                        rec.deliver(rid, st["frame"], st["frame"] + len(codes), len(audio))
-                        st["frame"] += len(codes)
-                        st["chunk"] += 1
-                        st["pending"] = []
+                        _push(pipe, rec, run, rid, st)
                     if st["done"]:
                         st["session"].close()
-                        traces[st["i"]] = rec.end(rid, st["reason"])
+                        run.traces[st["i"]] = rec.end(rid, st["reason"])
                         del live[rid]
                         if on_done:
-                            on_done(traces[st["i"]])
+                            on_done(run.traces[st["i"]])
         finally:
             for rid, st in live.items():
                 pipe.talker.abort(rid)
                 st["session"].close()
                 rec.end(rid, "abort")
-    return traces
+    run.wall_s = time.perf_counter() - t_point
+    return run
 
 
-def _gemv_matrix(nbytes: float, dtype):
+def _push(pipe, rec, run: PointRun, rid, st: dict) -> None:
+    """Decode a request's pending frames as one chunk (hop + code2wav_chunk spans, then deliver)."""
     import torch
 
-    cols = 4096
-    rows = max(int(nbytes) // (torch.finfo(dtype).bits // 8 * cols), 1)
-    return torch.full((rows, cols), 0.5, dtype=dtype), torch.full((cols,), 0.25, dtype=dtype)
+    t = clock()
+    codes = torch.stack(st["pending"]).numpy()  # [F, 16]
+    rec.span("hop", rid, t, frame_index=st["frame"], num_frames=len(codes))
+    t = clock()
+    tc = time.perf_counter()
+    audio = st["session"].push(codes)  # float32 [F * 1920]
+    ms = 1e3 * (time.perf_counter() - tc)
+    rec.span("code2wav_chunk", rid, t, frame_index=st["frame"], num_frames=len(codes))
+    pipe._take_spans(st["session"])
+    rec.deliver(rid, st["frame"], st["frame"] + len(codes), len(audio))
+    run.pushes.append({"frames": len(codes), "ms": ms, "first": st["chunk"] == 0})
+    if st["chunk"] == 0:
+        run.ttfa_ms.append(1e3 * (time.perf_counter() - st["t0"]))
+    st["frame"] += len(codes)
+    st["chunk"] += 1
+    st["pending"] = []
 
 
-def measure_gemv_bandwidth(mib: int = 1024, reps: int = 5, threads: int | None = None) -> dict[str, float]:
-    """DRAM bandwidth seen by an fp32 matrix-vector product: ``y = W @ x`` with ``W`` of ``mib`` MiB
-    (far above the last-level cache), ``reps`` timed runs after one warm-up. GB/s = W bytes / time
-    (10^9 bytes); ``gbps`` is the best run, ``gbps_median`` the median."""
+def stream_requests(pipe: Any, prompts: Sequence[str], kwargs: Sequence[dict], concurrency: int,
+                    on_done: Callable[[Any], None] | None = None, schedule: Any = None) -> list:
+    """Stream every prompt (``kwargs[i]`` for prompt i); returns each request's ``Trace`` in order."""
+    return run_point(pipe, prompts, kwargs, concurrency, schedule, on_done).traces
+
+
+def summarize_point(run: PointRun) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(point, requests)``. From the timed steps and pushes (``decode`` steps = steps without a prefill):
+
+    - ``decode_step_ms``: median client wall of a decode step; ``talker_forward_ms``, ``predictor_ms``,
+      ``input_prep_ms``, ``sampling_ms``: medians of its phases; ``prefill_step_ms``: median step that
+      held a prefill (it also yields frame 0).
+    - ``overhead_ms`` / ``overhead_pct``: step - talker forward - predictor, median over decode steps (the
+      engine's scheduling, IPC, sampling, input prep); the step is the client's wall in-process and the
+      worker's whole cycle (idle gap + execute + sample) when the talker runs in a worker.
+    - ``first_chunk_ms``: median first code2wav push; ``code2wav_ms_per_frame``: all push time / frames.
+    - ``ttfa_ms``: median over requests of (first audio - the request's start() call).
+    - ``frames_per_s``: all frames / the point's wall; ``talker_frames_per_s``: frames / time in talker
+      steps (prefills included, code2wav excluded); ``steady_frames_per_s``: concurrency / decode step.
+    - ``rtf_mean``: wall / audio, mean over requests (``x_realtime_mean``: audio / wall), ``ttfa_ms_p50/p90``,
+      ``playback_start_ms_p50/p90``, ``stall_ms_p50/p90``: from each request's ``Trace``
+      (``omnilab.instrument.trace.request_metrics``), as are the per-request rows.
+    """
+    import numpy as np
+
+    from omnilab.instrument.trace import percentiles
+
+    reqs = [{"index": i, **tr.request_metrics()} for i, tr in enumerate(run.traces)
+            if tr is not None and tr.request_ids]
+    decode = [s for s in run.steps if not s["prefill"]]
+    pre = [s for s in run.steps if s["prefill"]]
+    frames = sum(p["frames"] for p in run.pushes)
+    c2w_ms = sum(p["ms"] for p in run.pushes)
+    talker_s = sum(s["step_ms"] for s in run.steps) / 1e3
+    col = lambda k: [r[k] for r in reqs if r[k] == r[k]]  # noqa: E731  (drop NaN)
+    mean = lambda k: float(np.mean(col(k))) if col(k) else math.nan  # noqa: E731
+    p = {"concurrency": run.concurrency, "requests": len(reqs), "frames": frames, "audio_s": frames * FRAME_MS / 1e3,
+         "wall_s": run.wall_s, "frames_per_s": frames / run.wall_s if run.wall_s > 0 else math.nan,
+         "decode_step_ms": _med([s["step_ms"] for s in decode]),
+         "prefill_step_ms": _med([s["step_ms"] for s in pre]),
+         "first_chunk_ms": _med([x["ms"] for x in run.pushes if x["first"]]),
+         "code2wav_ms_per_frame": c2w_ms / frames if frames else math.nan,
+         "ttfa_ms": _med(run.ttfa_ms),
+         "talker_frames_per_s": frames / talker_s if talker_s else math.nan,
+         "talker_in_worker": run.talker_in_worker}
+    for k, src in (("talker_forward_ms", "talker_ms"), ("predictor_ms", "predictor_ms"),
+                   ("input_prep_ms", "input_prep_ms"), ("sampling_ms", "sampling_ms"),
+                   ("schedule_ms", "schedule_ms"), ("worker_cycle_ms", "cycle_ms")):
+        p[k] = _med([s[src] for s in decode])
+    base = "cycle_ms" if run.talker_in_worker else "step_ms"
+    ovs = [(s[base] - s["talker_ms"] - s["predictor_ms"], s[base]) for s in decode if s[base] > 0]
+    p["overhead_ms"] = _med([o for o, _ in ovs])
+    p["overhead_pct"] = _med([100 * o / b for o, b in ovs])
+    p["steady_frames_per_s"] = 1e3 * run.concurrency / p["decode_step_ms"] if p["decode_step_ms"] > 0 else math.nan
+    p["rtf_mean"], p["x_realtime_mean"] = mean("rtf"), mean("x_realtime")
+    for k in ("ttfa_ms", "playback_start_ms", "stall_ms"):
+        p.update({f"{k}_{q}": v for q, v in percentiles(col(k), (50, 90)).items()})
+    for k in ("talker_ms_per_frame", "talker_compute_ms_per_frame", "code2wav_compute_ms_per_frame",
+              "code_predictor_ms_per_frame", "input_prep_ms_per_frame", "talker_forward_ms_per_frame",
+              "sampling_ms_per_frame", "step_ms_p50", "step_ms_p99"):
+        p[k] = mean(k)
+    return p, reqs
+
+
+def code2wav_chunk_costs(decoder: Any, repeats: int = 3, seed: int = 0) -> dict[str, float]:
+    """ms per frame of ``decoder`` (an in-process ``Code2Wav``) on random codes: offline chunks of 1, 25 and
+    100 frames (median of ``repeats``, 2 for 100; one warm-up each), a steady 25-frame streaming chunk after
+    75 frames of context, and the first 1-frame chunk of a fresh stream (ms)."""
     import torch
 
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        w, x = _gemv_matrix(mib * 2**20, torch.float32)
-        torch.mv(w, x)
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            torch.mv(w, x)
-            times.append(time.perf_counter() - t)
-        nbytes = w.numel() * 4
-        del w
-    finally:
-        torch.set_num_threads(old)
-    times.sort()
-    return {"gemv_mib": nbytes / 2**20, "gbps": nbytes / times[0] / 1e9,
-            "gbps_median": nbytes / times[len(times) // 2] / 1e9, "threads": threads or old, "reps": reps}
-
-
-def measure_frame_floor(bpf: dict[str, float], dtype_name: str = "float32", reps: int = 5,
-                        threads: int | None = None) -> dict[str, float]:
-    """The bandwidth floor of one frame, measured: a GEMV over a matrix the size of the talker decode's
-    weights, then ``predictor_passes`` GEMVs over one the size of a code-predictor pass (so the predictor
-    is re-read from cache when it fits, as in the real step). ``floor_ms`` is the best of ``reps``
-    emulated frames (after a warm-up); also the talker-part GB/s and the predictor-part GB/s."""
-    import torch
-
-    dtype = getattr(torch, dtype_name)
-    old = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        wt, xt = _gemv_matrix(bpf["talker_decode_bytes"], dtype)
-        wp, xp = _gemv_matrix(bpf["predictor_pass_bytes"], dtype)
-        n = int(bpf["predictor_passes"])
-        best = (math.inf, math.inf, math.inf)
-        for i in range(reps + 1):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    with torch.inference_mode():
+        for n in (1, 25, 100):
+            codes = torch.randint(0, 2048, (1, 16, n), generator=g)  # [B, 16, T]
+            decoder(codes)
+            ts = []
+            for _ in range(repeats if n < 100 else 2):
+                t0 = time.perf_counter()
+                decoder(codes)
+                ts.append(time.perf_counter() - t0)
+            out[f"code2wav_{n}f_ms_per_frame"] = 1e3 * statistics.median(ts) / n
+        ctx = torch.randint(0, 2048, (1, 16, 75), generator=g)
+        chunk = torch.randint(0, 2048, (1, 16, 25), generator=g)
+        steady, first = [], []
+        for _ in range(repeats):
+            st = decoder.start_stream(1)
             t0 = time.perf_counter()
-            torch.mv(wt, xt)
-            t1 = time.perf_counter()
-            for _ in range(n):
-                torch.mv(wp, xp)
-            t2 = time.perf_counter()
-            if i and t2 - t0 < best[0]:
-                best = (t2 - t0, t1 - t0, t2 - t1)
-        tb, pb = wt.numel() * wt.element_size(), wp.numel() * wp.element_size()
-        del wt, wp
-    finally:
-        torch.set_num_threads(old)
-    return {"floor_ms": 1e3 * best[0], "talker_gbps": tb / best[1] / 1e9, "predictor_gbps": n * pb / best[2] / 1e9,
-            "reps": reps}
-
-
-def bytes_per_frame(checkpoint: str | os.PathLike, dtype_bytes: int) -> dict[str, float]:
-    """Weights read per frame at batch 1 by the talker step, from the checkpoint's tensor shapes
-    (``model.safetensors`` header): one talker decode (``talker.model.layers.*``, final norm,
-    ``codec_head``) and one code-predictor pass (its layers, norm, one ``lm_head``, projection) per
-    predicted codebook (15). Embedding rows and KV-cache reads (< 1 % here) are not counted; code2wav
-    is compute-bound and excluded."""
-    import struct
-
-    path = Path(checkpoint) / "model.safetensors"
-    with open(path, "rb") as f:
-        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-    talker = pred = heads = head_params = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        numel = math.prod(info["shape"])
-        if name.startswith(("talker.model.layers.", "talker.model.norm.", "talker.codec_head.")):
-            talker += numel
-        elif name.startswith("talker.code_predictor.lm_head."):
-            heads, head_params = heads + 1, head_params + numel
-        elif name.startswith(("talker.code_predictor.model.layers.", "talker.code_predictor.model.norm.",
-                              "talker.code_predictor.small_to_mtp_projection.")):
-            pred += numel
-    pass_params = pred + (head_params / heads if heads else 0)
-    return {"talker_decode_bytes": float(talker * dtype_bytes), "predictor_pass_bytes": float(pass_params * dtype_bytes),
-            "predictor_passes": heads,
-            "talker_bytes_per_frame": float((talker + heads * pass_params) * dtype_bytes)}
-
-
-def reference_available() -> bool:
-    return REFERENCE_PYTHON.is_file() and REFERENCE_SCRIPT.is_file()
-
-
-def run_reference(checkpoint: str | os.PathLike, prompts: Sequence[str], speaker: str, max_new_tokens: int,
-                  threads: int, do_sample: bool, timeout_s: float = 3600.0) -> list[dict[str, Any]]:
-    """Run the official package on ``prompts`` (one process, model loaded once); per request: wall
-    seconds of its ``generate`` call as the runner reports it (not streamed: TTFA = time to full audio;
-    the runner also decodes the codes once more for its golden file, included) and frames."""
-    reqs = [{"name": f"bench{i}", "api": "custom_voice", "text": t, "language": "english", "speaker": speaker,
-             "gen": {"do_sample": do_sample, "subtalker_dosample": do_sample, "max_new_tokens": max_new_tokens}}
-            for i, t in enumerate(prompts)]
-    with tempfile.TemporaryDirectory(prefix="omnilab-ref-") as d:
-        req_path = Path(d) / "requests.json"
-        req_path.write_text(json.dumps(reqs))
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        t = time.perf_counter()
-        proc = subprocess.run([str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(checkpoint), str(req_path),
-                               str(Path(d) / "out"), "--threads", str(threads)], env=env, capture_output=True,
-                              text=True, timeout=timeout_s)
-        total_s = time.perf_counter() - t
-        if proc.returncode != 0:
-            raise RuntimeError(f"reference run failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        manifest = json.loads((Path(d) / "out" / "manifest.json").read_text())
-    rows = []
-    for r in manifest.get("requests", []):
-        shapes = r.get("shapes", {})
-        codes = shapes.get("codes") or [0]
-        frames = int(codes[0]) if isinstance(codes, (list, tuple)) else int(codes)
-        rows.append({"seconds": float(r["seconds"]), "frames": frames, "process_s": total_s})
-    return rows
-
-
-def peak_rss_by_process(trace: Any) -> dict[str, float]:
-    """``"role (pid)" -> peak RSS MiB`` (``VmHWM``, lifetime peak) from a trace's process samples."""
-    out: dict[str, float] = {}
-    for r in trace.process_samples:
-        key = f"{r['role']} ({r['pid']})"
-        out[key] = max(out.get(key, 0.0), float(r["peak_rss_mb"]))
+            decoder.decode_chunk(st, ctx[..., :1])
+            first.append(time.perf_counter() - t0)
+            decoder.decode_chunk(st, ctx[..., 1:])
+            t0 = time.perf_counter()
+            decoder.decode_chunk(st, chunk)
+            steady.append(time.perf_counter() - t0)
+            st.free()
+    out["code2wav_stream_steady_ms_per_frame"] = 1e3 * statistics.median(steady) / 25
+    out["code2wav_1f_chunk_ms"] = 1e3 * statistics.median(first)
     return out
-
-
-def python_info() -> dict[str, str]:
-    return {"python": sys.version.split()[0], "executable": sys.executable}

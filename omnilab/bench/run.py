@@ -1,87 +1,115 @@
-"""``omnilab bench``: the stream-latency benchmark (``bench_main(argv)``; Python: ``run_bench(BenchConfig)``).
+"""``omnilab bench``: configurations side by side on one checkpoint (``bench_main(argv)``; Python: ``run_bench(BenchConfig)``).
 
-For each backend (eager; vLLM in-process and vLLM stage workers when ``omnilab.pipeline.BACKENDS`` has
-"vllm"; the official reference when ``.venv-ref`` exists): build the pipeline (fp32 by default), warm up,
-then for each concurrency (1, 2, 4, ...) stream N prompts from ``omnilab/bench/prompts/harvard.txt`` with at most
-that many in flight, recording every request's ``Trace`` plus thread/process samples. Reports per point:
-TTFA, playback-start latency and stall (vLLM-Omni stream-bench definitions, ``omnilab.instrument.trace``), RTF =
-wall/audio and x-realtime = audio/wall, talker/code2wav ms per frame (+ talker phases), aggregate frames/s,
-peak RSS per process (``VmHWM``: lifetime peak, so the bench process carries earlier backends' peaks
-over), the sampler's own CPU as % of step time, run-queue wait % (time our threads were
-runnable but had no CPU: other load on a shared machine), and the memory-bandwidth floor of a talker
-step: the weights it reads per frame (``bench_drivers.bytes_per_frame``) timed as pure GEMVs on this
-machine (``measure_frame_floor``; the all-DRAM figure, bytes / DRAM GEMV GB/s, is in the meta), with
-``floor_ratio`` = talker compute ms/frame / floor ms/frame (1 = at the floor; compute = the step's
-phases, which for a stage-worker backend is the time the worker reported, not the client's wait).
-Prints a table, writes ``<out>/<name>.json`` + ``_summary.csv`` + ``_requests.csv``, and ends with one
-JSON line.
+Each configuration (``backends``: ``eager``, ``vllm``, ``vllm-workers`` with ``+modifiers`` such as
+``+compiled``, ``+torch-gemv``, ``+avx2-kernels``, ``+torch-snake``, ``+fp32-weights``) is built and run: a
+warm-up request, then one stream of ``--frames`` frames and each larger ``--concurrency`` point (all its
+streams started together, or a closed loop of ``--requests``), chunked 1 frame then 25. Per configuration:
+talker decode step, talker forward, code predictor and vLLM overhead per frame, code2wav ms per frame,
+TTFA (= prefill step + first chunk), RTF = wall / audio, N-stream step and frames/s, the N / 1 ratios
+(end to end, talker stage, ceiling), peak RSS of all processes, init time, run-queue wait % (other load on
+a shared host; above ``--wait-flag-pct`` the row is flagged), and the memory-bandwidth floor of a frame
+measured next to the row (``floors``; ``--no-floor`` skips it). Definitions: ``drivers.summarize_point``,
+``backends.derive``.
+
+Three ways to run the configurations:
+
+- one after the other in this process (default), the floor measured before and after each;
+- ``--fresh``: each configuration in its own process (memory figures not inflated by an earlier one);
+- ``--interleave N``: all (in-process) configurations built side by side in this process and run in
+  alternation for N rounds, the order rotated every round and the floor measured before each round;
+  rows are medians over rounds, so configurations are compared under the same host conditions.
+
+``--code2wav-chunks`` adds the decoder's offline 1/25/100-frame and streaming chunk costs; the official
+qwen-tts row (``reference``) is added when ``.venv-ref`` exists. Prints one table; writes one JSON
+(``results``) to ``--out`` (default ``./omnilab-bench/``); the last line gives its path and the command line.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import html
-import inspect
 import json
-import math
 import os
 import platform
+import shlex
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from omnilab.bench import drivers as drv
+from omnilab.bench import backends as be
+from omnilab.bench import floors, modes
+from omnilab.bench.results import WAIT_FLAG_PCT, BenchResult, load_bench  # noqa: F401  (load_bench re-exported)
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "harvard.txt"  # package data
 DEFAULT_OUT = "omnilab-bench"  # results go to ./omnilab-bench/ unless --out names a directory
-# bench backend name -> Pipeline.from_pretrained keyword arguments
-BENCH_BACKENDS: dict[str, dict[str, Any]] = {
-    "eager": {"backend": "eager"},
-    "vllm": {"backend": "vllm"},                               # engine in this process, lock-step
-    "vllm-workers": {"backend": "vllm", "deploy": "workers"},  # engine-core, talker, code2wav workers
-}
-TABLE_COLUMNS = (("backend", "backend", "{}"), ("conc", "concurrency", "{}"), ("n", "requests", "{}"),
-                 ("TTFA p50 ms", "ttfa_ms_p50", "{:.0f}"), ("play-start p50 ms", "playback_start_ms_p50", "{:.0f}"),
-                 ("stall p50 ms", "stall_ms_p50", "{:.0f}"), ("RTF wall/audio", "rtf_mean", "{:.2f}"),
-                 ("x-realtime", "x_realtime_mean", "{:.3f}"), ("talker ms/frame", "talker_ms_per_frame", "{:.1f}"),
-                 ("talker compute ms/frame", "talker_compute_ms_per_frame", "{:.1f}"),
-                 ("c2w ms/frame", "code2wav_ms_per_frame", "{:.1f}"), ("frames/s", "frames_per_s", "{:.2f}"),
-                 ("peak RSS MiB", "peak_rss_mb", "{:.0f}"), ("floor ms/frame", "floor_ms_per_frame", "{:.1f}"),
-                 ("achieved/floor", "floor_ratio", "{:.2f}"), ("sampler %", "sampler_pct_of_step", "{:.2f}"),
-                 ("run-queue wait %", "cpu_wait_pct", "{:.0f}"))
+DEFAULT_CONFIGS = ("eager", "vllm", "vllm-workers")
+MODES = ("same-process", "fresh", "interleave")
+EXAMPLES = """examples:
+  omnilab bench --size 0.6b --configs eager,vllm,vllm-workers,vllm+compiled --frames 40 --concurrency 1,4 --fresh
+  omnilab bench --size 0.6b --configs vllm,vllm+fp32-weights,eager --concurrency 1 --interleave 5
+  omnilab bench --size 0.6b --configs eager --frames 24 --concurrency 1 --code2wav-chunks --reference on
+"""
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run. ``checkpoint`` None -> a random checkpoint of ``size`` in the omnilab cache."""
+    """What to run (the CLI options, one field each). ``checkpoint`` None -> a random checkpoint of ``size``."""
     checkpoint: str | None = None
     size: str = "tiny"
     dtype: str = "float32"
     threads: int = 2
-    backends: tuple[str, ...] = ("auto",)
-    concurrency: tuple[int, ...] = (1, 2)
-    requests: int = 4
-    warmup: int = 1
-    max_new_tokens: int = 40
+    configs: tuple[str, ...] = DEFAULT_CONFIGS
+    frames: int = 40
+    concurrency: tuple[int, ...] = (1, 4)
+    requests: int | None = None       # per concurrency point; None: one wave (as many as the point's streams)
+    warmup_frames: int = 4
     prompts: str = str(DEFAULT_PROMPTS)
+    sample: bool = False              # False: greedy (talker and sub-talker)
     seed: int = 0
-    sampler_interval_s: float | None = 0.05
+    chunks: tuple[int, ...] = (1, 25)  # first, ramp..., steady; () = each pipeline's own schedule
+    mode: str = "same-process"
+    rounds: int = 1
+    compile_talker: bool = False
+    talker_cpus: tuple[int, ...] | None = None
+    code2wav_cpus: tuple[int, ...] | None = None
+    max_model_len: int = 1024
+    floor: bool = True
     gemv_mib: int = 1024
-    reference: str = "auto"  # auto | on | off
-    backend_kwargs: dict = field(default_factory=dict)  # name -> extra from_pretrained kwargs
+    reference: str = "auto"           # auto | on | off
+    code2wav_chunks: bool = False
+    wait_flag_pct: float = WAIT_FLAG_PCT
+    rss_interval_s: float = 0.2
 
     def __post_init__(self):
-        if self.threads < 1 or self.requests < 1 or any(c < 1 for c in self.concurrency):
-            raise ValueError("threads, requests and concurrency levels must be >= 1")
+        for k in ("threads", "frames", "rounds", "warmup_frames", "max_model_len", "gemv_mib"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k}={getattr(self, k)!r}; accepted: an integer >= 1")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency={self.concurrency!r}; accepted: integers >= 1")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError(f"requests={self.requests!r}; accepted: an integer >= 1 or None")
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}; accepted: {', '.join(MODES)}")
         if self.reference not in ("auto", "on", "off"):
             raise ValueError(f"reference={self.reference!r}; accepted: auto, on, off")
+        if not self.configs:
+            raise ValueError("configs is empty; accepted: names such as " + ", ".join(DEFAULT_CONFIGS))
+        floors.dtype_bytes(self.dtype)
+        parsed = [be.parse_config(n, self.compile_talker) for n in self.configs]  # ValueError names the bad one
+        if self.mode == "interleave" and any(c.workers for c in parsed):
+            raise ValueError("--interleave takes in-process configurations only (stage workers bind CPUs for their "
+                             "lifetime); run vllm-workers with --fresh or on its own")
+        self.schedule()
 
+    def schedule(self):
+        from omnilab.models.code2wav_stream import ChunkSchedule
 
-def available_backends() -> list[str]:
-    from omnilab.pipeline import BACKENDS
-
-    return [name for name, kw in BENCH_BACKENDS.items() if kw["backend"] in BACKENDS]
+        if not self.chunks:
+            return None
+        if len(self.chunks) < 2:
+            raise ValueError(f"chunks={self.chunks!r}; accepted: FIRST,[RAMP...,]STEADY frames or 'profile'")
+        return ChunkSchedule(self.chunks[0], tuple(self.chunks[1:-1]), self.chunks[-1])
 
 
 def checkpoint_for(cfg: BenchConfig) -> Path:
@@ -103,297 +131,162 @@ def load_prompts(path: str | os.PathLike) -> list[str]:
     return [ln for ln in lines if ln and not ln.startswith("#")]
 
 
-class BenchResult:
-    """``summary`` (one row per backend x concurrency), ``requests`` (one row per request) DataFrames
-    and ``meta`` (machine, checkpoint, bandwidth). Renders as a table in notebooks."""
-
-    def __init__(self, summary, requests, meta: dict[str, Any]):
-        self.summary, self.requests, self.meta = summary, requests, meta
-
-    def table(self) -> str:
-        rows = [[h for h, _, _ in TABLE_COLUMNS]]
-        for _, r in self.summary.iterrows():
-            rows.append([_fmt(fmt, r.get(col)) for _, col, fmt in TABLE_COLUMNS])
-        w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [" | ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
-        lines.insert(1, "-|-".join("-" * x for x in w))
-        return "\n".join(lines)
-
-    def save(self, out_dir: str | os.PathLike, name: str) -> dict[str, Path]:
-        d = Path(out_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        paths = {"json": d / f"{name}.json", "summary_csv": d / f"{name}_summary.csv",
-                 "requests_csv": d / f"{name}_requests.csv"}
-        paths["json"].write_text(json.dumps(self.to_dict(), indent=1, default=_jsonable))
-        self.summary.to_csv(paths["summary_csv"], index=False)
-        self.requests.to_csv(paths["requests_csv"], index=False)
-        return paths
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"meta": self.meta, "summary": self.summary.to_dict("records"),
-                "requests": self.requests.to_dict("records")}
-
-    def json_line(self) -> str:
-        keys = ("backend", "concurrency", "ttfa_ms_p50", "playback_start_ms_p50", "stall_ms_p50", "rtf_mean",
-                "x_realtime_mean", "talker_ms_per_frame", "talker_compute_ms_per_frame", "code2wav_ms_per_frame",
-                "frames_per_s", "floor_ratio")
-        pts = [{k: _round(r.get(k)) for k in keys} for r in self.summary.to_dict("records")]
-        return json.dumps({"bench": "stream_latency", "checkpoint": self.meta.get("checkpoint"),
-                           "dtype": self.meta.get("dtype"), "threads": self.meta.get("threads"),
-                           "gemv_gbps": _round(self.meta.get("bandwidth", {}).get("gbps")), "points": pts},
-                          default=_jsonable)
-
-    def __repr__(self) -> str:
-        return f"BenchResult(points={len(self.summary)}, requests={len(self.requests)})"
-
-    def _repr_html_(self) -> str:
-        cols = [c for _, c, _ in TABLE_COLUMNS if c in self.summary]
-        bw = self.meta.get("bandwidth", {})
-        head = (f"<b>stream-latency benchmark</b>: {html.escape(str(self.meta.get('checkpoint')))}, "
-                f"{self.meta.get('dtype')}, {self.meta.get('threads')} threads, GEMV {bw.get('gbps', math.nan):.1f} GB/s")
-        return f"<div>{head}{self.summary[cols].round(3).to_html(index=False, border=0)}</div>"
-
-
-def load_bench(path: str | os.PathLike) -> BenchResult:
-    """Read a benchmark JSON written by :meth:`BenchResult.save`."""
-    import pandas as pd
-
-    d = json.loads(Path(path).read_text())
-    return BenchResult(pd.DataFrame(d["summary"]), pd.DataFrame(d["requests"]), d["meta"])
-
-
-def _fmt(fmt: str, v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    try:
-        return fmt.format(v)
-    except (ValueError, TypeError):
-        return str(v)
-
-
-def _round(v: Any) -> Any:
-    return round(v, 3) if isinstance(v, float) and math.isfinite(v) else (None if isinstance(v, float) else v)
-
-
-def _jsonable(v: Any) -> Any:
-    if hasattr(v, "item"):
-        return v.item()
-    return str(v)
-
-
-def _make_pipeline(name: str, ckpt: Path, cfg: BenchConfig, hooks: list):
-    from omnilab.pipeline import Pipeline
-
-    kw = {**BENCH_BACKENDS.get(name, {"backend": name}), **cfg.backend_kwargs.get(name, {})}
-    params = inspect.signature(Pipeline.from_pretrained).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        dropped = sorted(set(kw) - set(params))
-        if dropped:
-            raise ValueError(f"Pipeline.from_pretrained does not take {dropped} (bench backend {name!r})")
-    kw.setdefault("max_concurrency", max(cfg.concurrency))  # the profile sizes KV and max_num_seqs for it
-    return Pipeline.from_pretrained(ckpt, dtype=cfg.dtype, num_threads=cfg.threads, hooks=hooks, **kw)
-
-
-def _point_summary(name: str, conc: int, driver: str, traces: list, wall_s: float, sampler, floor_ms: float,
-                   init_s: float) -> tuple[dict, list[dict]]:
-    import numpy as np
-
-    from omnilab.instrument.trace import Trace, percentiles
-
-    reqs = []
-    for i, tr in enumerate(traces):
-        if tr is None or not tr.request_ids:
-            continue
-        m = tr.request_metrics()
-        reqs.append({"backend": name, "concurrency": conc, "index": i, **m})
-    steps = {(s.pid, s.start_s, s.end_s) for tr in traces if tr is not None for s in tr.spans if s.name == "step"}
-    step_ms = sum(1e3 * (b - a) for _, a, b in steps)
-    frames = sum(r["frames"] for r in reqs)
-    audio_ms = sum(r["audio_ms"] for r in reqs)
-    col = lambda k: [r[k] for r in reqs if r[k] == r[k]]  # noqa: E731  (drop NaN)
-    mean = lambda k: float(np.mean(col(k))) if col(k) else math.nan  # noqa: E731
-    row = {"backend": name, "driver": driver, "concurrency": conc, "requests": len(reqs), "frames": frames,
-           "audio_s": audio_ms / 1e3, "wall_s": wall_s, "init_s": init_s,
-           "frames_per_s": frames / wall_s if wall_s > 0 else math.nan,
-           "rtf_aggregate": wall_s / (audio_ms / 1e3) if audio_ms else math.inf,
-           "rtf_mean": mean("rtf"), "x_realtime_mean": mean("x_realtime"), "stall_ms_mean": mean("stall_ms")}
-    for k in ("ttfa_ms", "playback_start_ms", "stall_ms"):
-        row.update({f"{k}_{q}": v for q, v in percentiles(col(k), (50, 90)).items()})
-    for k in ("talker_ms_per_frame", "talker_compute_ms_per_frame", "code2wav_ms_per_frame",
-              "code2wav_compute_ms_per_frame", "prefill_ms",
-              "code_predictor_ms_per_frame", "input_prep_ms_per_frame", "talker_forward_ms_per_frame",
-              "sampling_ms_per_frame", "step_ms_p50", "step_ms_p99"):
-        row[k] = mean(k)
-    merged = Trace([s for tr in traces if tr is not None for s in tr.spans])
-    if sampler is not None:
-        merged.process_samples = sampler.collect()["process_samples"]
-        ov = sampler.overhead()
-        row["sampler_cpu_ms"] = ov["sampler_cpu_ms"]
-        row["sampler_pct_of_step"] = 100 * ov["sampler_cpu_ms"] / step_ms if step_ms else math.nan
-        th = sampler.collect()["thread_samples"]
-        cpu, wait = sum(r["cpu_ms"] for r in th), sum(r["wait_ms"] for r in th)
-        row["cpu_wait_pct"] = 100 * wait / (cpu + wait) if cpu + wait else math.nan  # machine contention
-        rss = drv.peak_rss_by_process(merged)
-        row["peak_rss_mb"] = max(rss.values()) if rss else math.nan
-        row["peak_rss_by_process"] = json.dumps({k: round(v, 1) for k, v in rss.items()})
-    row["floor_ms_per_frame"] = floor_ms
-    row["floor_ratio"] = row["talker_compute_ms_per_frame"] / floor_ms if floor_ms else math.nan
-    return row, reqs
-
-
-def run_bench(cfg: BenchConfig, progress: bool = True, log=print) -> BenchResult:
-    """Run the benchmark described by ``cfg`` (see the module docstring)."""
+def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> BenchResult:
+    """Run the benchmark described by ``cfg`` (see the module docstring). ``child``: one configuration of a
+    ``--fresh`` run (no bandwidth probe, no reference row)."""
     import pandas as pd
     import torch
-    from tqdm.auto import tqdm
 
-    from omnilab.instrument.hooks import ThreadUsageHook, TimingHook
     from omnilab.pipeline import flush_denormals
 
     flush_denormals()
     ckpt = checkpoint_for(cfg)
     prompts = load_prompts(cfg.prompts)
-    names = available_backends() if "auto" in cfg.backends else list(cfg.backends)
-    torch.set_num_threads(cfg.threads)
-    log(f"[bench] GEMV bandwidth probe ({cfg.gemv_mib} MiB fp32, {cfg.threads} threads)...")
-    bw = drv.measure_gemv_bandwidth(cfg.gemv_mib, threads=cfg.threads)
-    dtype_bytes = 2 if "16" in cfg.dtype else 4
-    bpf = drv.bytes_per_frame(ckpt, dtype_bytes)
-    ff = drv.measure_frame_floor(bpf, cfg.dtype, threads=cfg.threads)
-    floor_ms = ff["floor_ms"]
-    floor_dram_ms = 1e3 * bpf["talker_bytes_per_frame"] / (bw["gbps"] * 1e9)
-    meta = {"checkpoint": str(ckpt), "size": cfg.size, "dtype": cfg.dtype, "threads": cfg.threads,
-            "config": dataclasses.asdict(cfg), "bandwidth": bw, "bytes_per_frame": bpf, "frame_floor": ff,
-            "floor_ms_per_frame": floor_ms, "floor_dram_ms_per_frame": floor_dram_ms,
-            "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-                        "torch": torch.__version__, **drv.python_info()},
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "notes": []}
-    log(f"[bench] DRAM GEMV {bw['gbps']:.1f} GB/s (median {bw['gbps_median']:.1f}); the talker step reads "
-        f"{bpf['talker_bytes_per_frame'] / 1e9:.2f} GB/frame ({bpf['talker_decode_bytes'] / 1e9:.2f} talker + "
-        f"{int(bpf['predictor_passes'])} x {bpf['predictor_pass_bytes'] / 1e9:.3f} predictor) -> all-DRAM floor "
-        f"{floor_dram_ms:.0f} ms/frame; emulated frame (cache reuse included) {floor_ms:.0f} ms/frame "
-        f"(talker part {ff['talker_gbps']:.1f} GB/s, predictor part {ff['predictor_gbps']:.1f} GB/s)")
-    summary, per_req = [], []
-    for name in names:
-        timing = TimingHook()
-        sampler = ThreadUsageHook(cfg.sampler_interval_s) if cfg.sampler_interval_s else None
-        t = time.perf_counter()
-        try:
-            pipe = _make_pipeline(name, ckpt, cfg, [timing] + ([sampler] if sampler else []))
-        except Exception as e:  # a backend that cannot start is reported, not fatal
-            meta["notes"].append(f"{name}: could not start: {type(e).__name__}: {e}")
-            log(f"[bench] {name}: could not start: {e}")
-            continue
-        init_s = time.perf_counter() - t
-        try:
-            spk = pipe.model.config.speakers[0] if pipe.model.config.speakers else None
-            base = {"speaker": spk, "language": "english", "max_new_tokens": cfg.max_new_tokens}
-            warm = [prompts[i % len(prompts)] for i in range(cfg.warmup)]
-            drv.stream_requests(pipe, warm, [{**base, "seed": cfg.seed + i} for i in range(len(warm))], 1)
-            for conc in cfg.concurrency:
-                texts = [prompts[(cfg.warmup + i) % len(prompts)] for i in range(cfg.requests)]
-                kws = [{**base, "seed": cfg.seed + 1000 + i} for i in range(cfg.requests)]
-                if sampler:
-                    sampler.reset()
-                bar = tqdm(total=len(texts), desc=f"{name} c={conc}", unit="req", disable=not progress, leave=False)
-                t = time.perf_counter()
-                with pipe.hooks.running():
-                    traces = drv.stream_requests(pipe, texts, kws, conc, on_done=lambda _: bar.update(1))
-                wall = time.perf_counter() - t
-                bar.close()
-                driver = "pipe.stream" if conc == 1 else "step-wise (talker.step + code2wav sessions)"
-                row, reqs = _point_summary(name, conc, driver, traces, wall, sampler, floor_ms, init_s)
-                summary.append(row)
-                per_req += reqs
-                log(f"[bench] {name} c={conc}: TTFA p50 {row['ttfa_ms_p50']:.0f} ms, talker "
-                    f"{row['talker_ms_per_frame']:.1f} ms/frame, {row['frames_per_s']:.2f} frames/s")
-        finally:
-            pipe.close()
-    if cfg.reference == "on" or (cfg.reference == "auto" and drv.reference_available()):
-        summary_row = _reference_point(ckpt, prompts, cfg, floor_ms, meta, log)
-        if summary_row is not None:
-            summary.append(summary_row[0])
-            per_req += summary_row[1]
-    elif cfg.reference == "auto":
-        meta["notes"].append("reference: .venv-ref not found, skipped")
-    return BenchResult(pd.DataFrame(summary), pd.DataFrame(per_req), meta)
+    bpf = floors.bytes_per_frame(ckpt, floors.dtype_bytes(cfg.dtype))
+    meta: dict[str, Any] = {
+        "checkpoint": str(ckpt), "size": cfg.size, "dtype": cfg.dtype, "threads": cfg.threads,
+        "settings": dataclasses.asdict(cfg), "bytes_per_frame": bpf, "pid": os.getpid(),
+        "machine": {"cpus": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)), "platform": platform.platform(),
+                    "torch": torch.__version__, "python": sys.version.split()[0], "executable": sys.executable},
+        "load_start": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "notes": []}
+    if cfg.floor and not child:
+        modes.log(f"[bench] GEMV bandwidth probe ({cfg.gemv_mib} MiB fp32, {cfg.threads} threads)...")
+        bw = floors.measure_gemv_bandwidth(cfg.gemv_mib, threads=cfg.threads)
+        dram_ms = lambda nbytes: 1e3 * nbytes / (bw["gbps"] * 1e9)  # noqa: E731  (bytes at the DRAM GEMV rate)
+        meta.update(bandwidth=bw, floor_dram_ms_per_frame=dram_ms(bpf["talker_bytes_per_frame"]),
+                    floor_dram_talker_ms=dram_ms(bpf["talker_decode_bytes"]),
+                    floor_dram_predictor_ms=dram_ms(bpf["predictor_passes"] * bpf["predictor_pass_bytes"]))
+        modes.log(f"[bench] DRAM GEMV {bw['gbps']:.1f} GB/s; a frame reads {bpf['talker_bytes_per_frame'] / 1e9:.3f} GB "
+             f"-> all-DRAM floor {meta['floor_dram_ms_per_frame']:.1f} ms/frame")
+    if cfg.mode == "fresh":
+        rows, points, reqs, rounds = modes.run_fresh(cfg, ckpt, meta)
+    elif cfg.mode == "interleave":
+        rows, points, reqs, rounds = modes.run_interleaved(cfg, ckpt, prompts, bpf, meta)
+    else:
+        rows, points, reqs, rounds = modes.run_same_process(cfg, ckpt, prompts, bpf, meta)
+    if not child:
+        _reference(cfg, ckpt, rows, meta)
+    base = rows[0].get("step_ms") if rows else None
+    for r in rows:
+        if base and isinstance(r.get("step_ms"), float):
+            r["step_ratio"] = r["step_ms"] / base
+    meta["load_end"] = os.getloadavg()
+    env = {k: v for k, v in os.environ.items() if k.startswith(("OMNILAB_", "VLLM_CPU")) or k in be.ISA_VARS}
+    return BenchResult(rows, pd.DataFrame(points), pd.DataFrame(reqs), meta, rounds, command, env)
 
 
-def _reference_point(ckpt, prompts, cfg: BenchConfig, floor_ms: float, meta: dict, log):
-    from omnilab.config import Qwen3TTSConfig
+def _reference(cfg: BenchConfig, ckpt: Path, rows: list[dict], meta: dict) -> None:
+    from omnilab.bench import reference as ref
 
-    if not drv.reference_available():
-        meta["notes"].append("reference: .venv-ref not found")
-        return None
-    spk = (Qwen3TTSConfig.load(Path(ckpt) / "config.json").speakers or [None])[0]
-    texts = [prompts[(cfg.warmup + i) % len(prompts)] for i in range(cfg.requests)]
-    log(f"[bench] reference (qwen-tts, {cfg.threads} threads) on {len(texts)} requests...")
+    if cfg.reference == "off" or (cfg.reference == "auto" and not ref.reference_available()):
+        if cfg.reference == "auto":
+            meta["notes"].append("reference: .venv-ref not found, skipped")
+        return
+    modes.log(f"[bench] reference (qwen-tts, {cfg.threads} threads)...")
     try:
-        rows = drv.run_reference(ckpt, [prompts[0]] * cfg.warmup + texts, spk, cfg.max_new_tokens, cfg.threads,
-                                 do_sample=True)[cfg.warmup:]
-    except Exception as e:
+        row = ref.reference_row(ckpt, cfg.threads, cfg.frames)
+    except Exception as e:  # a reference that cannot run is reported, not fatal
         meta["notes"].append(f"reference failed: {type(e).__name__}: {str(e)[:500]}")
-        log(f"[bench] reference failed: {e}")
-        return None
-    reqs = []
-    for i, r in enumerate(rows):
-        audio_s = r["frames"] * 0.08
-        reqs.append({"backend": "reference", "concurrency": 1, "index": i, "frames": r["frames"],
-                     "audio_ms": 1e3 * audio_s, "wall_ms": 1e3 * r["seconds"], "ttfa_ms": 1e3 * r["seconds"],
-                     "rtf": r["seconds"] / audio_s if audio_s else math.inf,
-                     "x_realtime": audio_s / r["seconds"] if r["seconds"] else math.inf,
-                     "talker_ms_per_frame": math.nan})
-    import numpy as np
+        return
+    fl = [r["floor_ms"] for r in rows if isinstance(r.get("floor_ms"), float)]
+    if fl:
+        row.update(floor_ms=sorted(fl)[len(fl) // 2], step_floor_ratio=row["step_ms"] / sorted(fl)[len(fl) // 2])
+    rows.append(row)
 
-    wall = sum(r["seconds"] for r in rows)
-    frames = sum(r["frames"] for r in rows)
-    row = {"backend": "reference", "driver": "qwen-tts generate (not streamed; TTFA = full audio)",
-           "concurrency": 1, "requests": len(rows), "frames": frames, "audio_s": frames * 0.08, "wall_s": wall,
-           "frames_per_s": frames / wall if wall else math.nan,
-           "ttfa_ms_p50": float(np.median([q["ttfa_ms"] for q in reqs])) if reqs else math.nan,
-           "rtf_mean": float(np.mean([q["rtf"] for q in reqs])) if reqs else math.nan,
-           "x_realtime_mean": float(np.mean([q["x_realtime"] for q in reqs])) if reqs else math.nan,
-           "ms_per_frame_total": 1e3 * wall / frames if frames else math.nan,
-           "floor_ms_per_frame": floor_ms}
-    return row, reqs
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+
+
+def parser() -> argparse.ArgumentParser:
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass
+
+    ap = argparse.ArgumentParser(prog="omnilab bench", formatter_class=Formatter,
+                                 description=__doc__.split("\n", 1)[1].strip().replace("``", "'"), epilog=EXAMPLES)
+    a = ap.add_argument
+    a("--model", default=None, help="checkpoint dir; None = a random checkpoint of --size (cached)")
+    a("--size", default="tiny", help="random checkpoint size when --model is not given: tiny | mid | 0.6b | 1.7b")
+    a("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
+    a("--threads", type=int, default=2, help="talker threads (eager / in-process / worker) and floor-probe threads")
+    a("--configs", "--backends", dest="configs", default=",".join(DEFAULT_CONFIGS),
+      help="comma list of configurations: " + "; ".join(f"{k}: {v}" for k, v in be.BASES.items())
+      + f"; each with optional suffixes {' '.join(be.MODIFIERS)} (aliases: {', '.join(be.ALIASES)})")
+    a("--frames", type=int, default=40, help="frames per request (max_new_tokens = frames + 1)")
+    a("--concurrency", default="1,4", help="comma list of stream counts; 1 is always measured (the base of the "
+      "N / 1 ratios); the table shows 1 and the largest")
+    a("--requests", type=int, default=None, help="requests per concurrency point, at most the point's streams "
+      "in flight; None = one wave (all started together)")
+    a("--warmup-frames", type=int, default=4, help="frames of the warm-up request before each configuration's run")
+    a("--prompts", default=str(DEFAULT_PROMPTS), help="prompt file, one per line ('#' lines skipped)")
+    a("--sample", action="store_true", help="sample (seeded per request) instead of greedy decoding")
+    a("--seed", type=int, default=0, help="first request's seed with --sample")
+    a("--chunks", default="1,25", help="code2wav chunk sizes FIRST,[RAMP...,]STEADY frames, or 'profile' (each "
+      "pipeline's own schedule)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--fresh", action="store_true", help="run each configuration in its own process (without --fresh "
+                      "or --interleave: one after the other in this process)")
+    mode.add_argument("--interleave", type=int, default=0, metavar="ROUNDS", help="build the in-process configurations "
+                      "side by side in this process and alternate them for ROUNDS rounds (order rotated every round); "
+                      "rows are medians over rounds; 0 = off")
+    a("--compile", choices=("off", "on"), default="off", help="on: vLLM's torch.compile path for the talker in every "
+      "vllm configuration (per configuration: the +compiled suffix)")
+    a("--talker-cpus", default=None, help="vllm-workers: talker CPU list, e.g. 0,1; None = the auto deploy profile's")
+    a("--code2wav-cpus", default=None, help="vllm-workers: code2wav CPU list; None = the auto deploy profile's")
+    a("--max-model-len", type=int, default=1024, help="vLLM max_model_len")
+    a("--no-floor", action="store_true", help="skip the GEMV floor probes (bandwidth and the per-row frame floor)")
+    a("--gemv-mib", type=int, default=1024, help="size of the DRAM bandwidth probe's matrix (MiB)")
+    a("--reference", choices=("auto", "on", "off"), default="auto",
+      help="the official qwen-tts row (auto: when .venv-ref exists)")
+    a("--code2wav-chunks", action="store_true", help="add the decoder's offline 1/25/100-frame and streaming chunk "
+      "costs (in-process code2wav only)")
+    a("--wait-flag-pct", type=float, default=WAIT_FLAG_PCT, help="flag rows whose run-queue wait is above this %% "
+      "(other load on the host)")
+    a("--rss-interval", type=float, default=0.2, help="seconds between RSS samples")
+    a("--out", default=DEFAULT_OUT, help="output directory (relative to the current directory)")
+    a("--name", default=None, help="output file stem; None = bench_<size or model>_<dtype>_t<threads>")
+    return ap
+
+
+def config_from_args(a: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(
+        checkpoint=a.model, size=a.size, dtype=a.dtype, threads=a.threads,
+        configs=tuple(x.strip() for x in a.configs.split(",") if x.strip()), frames=a.frames,
+        concurrency=_ints(a.concurrency), requests=a.requests, warmup_frames=a.warmup_frames, prompts=a.prompts,
+        sample=a.sample, seed=a.seed, chunks=() if a.chunks == "profile" else _ints(a.chunks),
+        mode="interleave" if a.interleave else ("fresh" if a.fresh else "same-process"), rounds=a.interleave or 1,
+        compile_talker=a.compile == "on", talker_cpus=_ints(a.talker_cpus) if a.talker_cpus else None,
+        code2wav_cpus=_ints(a.code2wav_cpus) if a.code2wav_cpus else None, max_model_len=a.max_model_len,
+        floor=not a.no_floor, gemv_mib=a.gemv_mib, reference=a.reference, code2wav_chunks=a.code2wav_chunks,
+        wait_flag_pct=a.wait_flag_pct, rss_interval_s=a.rss_interval)
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="omnilab bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="checkpoint dir (default: random checkpoint of --size)")
-    ap.add_argument("--size", default="tiny", help="tiny | mid | 0.6b | 1.7b (random weights, cached)")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--backends", default="auto", help=f"comma list of {', '.join(BENCH_BACKENDS)} or auto")
-    ap.add_argument("--backend-kwargs", default="{}", help='JSON per backend, e.g. {"vllm": {"deploy": "multiprocess"}}')
-    ap.add_argument("--concurrency", default="1,2", help="comma list, e.g. 1,2,4")
-    ap.add_argument("--requests", type=int, default=4, help="requests per concurrency level")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--max-new-tokens", type=int, default=40, help="frames + 1 per request (random weights)")
-    ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sampler-interval", type=float, default=0.05, help="seconds; 0 disables thread sampling")
-    ap.add_argument("--gemv-mib", type=int, default=1024)
-    ap.add_argument("--reference", default="auto", choices=("auto", "on", "off"))
-    ap.add_argument("--out", default=DEFAULT_OUT)
-    ap.add_argument("--name", default=None, help="output file stem (default bench_<size>_<dtype>_t<threads>)")
-    ap.add_argument("--no-progress", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:  # one configuration of a --fresh run: python -m omnilab.bench.run --child CFG OUT
+        return _child_main(*argv[1:3])
+    ap = parser()
     a = ap.parse_args(argv)
-    cfg = BenchConfig(
-        checkpoint=a.model, size=a.size, dtype=a.dtype, threads=a.threads,
-        backends=tuple(x.strip() for x in a.backends.split(",") if x.strip()),
-        concurrency=tuple(int(x) for x in a.concurrency.split(",")), requests=a.requests, warmup=a.warmup,
-        max_new_tokens=a.max_new_tokens, prompts=a.prompts, seed=a.seed,
-        sampler_interval_s=a.sampler_interval or None, gemv_mib=a.gemv_mib, reference=a.reference,
-        backend_kwargs=json.loads(a.backend_kwargs))
-    res = run_bench(cfg, progress=not a.no_progress)
-    name = a.name or f"bench_{a.size if not a.model else Path(a.model).name}_{a.dtype}_t{a.threads}"
-    paths = res.save(a.out, name)
+    try:
+        cfg = config_from_args(a)
+    except ValueError as e:
+        ap.error(str(e))
+    command = "omnilab bench " + shlex.join(argv)
+    res = run_bench(cfg, command)
+    name = a.name or f"bench_{Path(a.model).name if a.model else a.size}_{a.dtype}_t{a.threads}"
+    path = res.save(a.out, name)
     print(res.table())
     for note in res.meta["notes"]:
         print(f"note: {note}")
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
-    print(res.json_line())
+    print(json.dumps({"json": str(path), "command": command}))
+    return 0
+
+
+def _child_main(cfg_path: str, out_path: str) -> int:
+    d = json.loads(Path(cfg_path).read_text())
+    cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    res = run_bench(cfg, child=True)
+    Path(out_path).write_text(json.dumps(res.to_dict(), default=str))
     return 0
 
 

@@ -5,7 +5,10 @@ text that :func:`omnilab.checkpoint.random.make_random_checkpoint` writes. Every
 explicitly (docs/model.md#explicit-config-defaults: the upstream class defaults are Omni leftovers). ``"0.6b"``/``"1.7b"`` use the
 released geometry (docs/model.md#explicit-config-defaults; the 1.7B CustomVoice ``config.json`` matches the public copy byte for
 byte, minus the mirror's ``auto_map``); ``"tiny"`` and ``"mid"`` shrink widths and layer counts but keep
-every vocabulary size, id, code-group count and upsampling rate. No torch import.
+every vocabulary size, id, code-group count and upsampling rate. The talker and code-predictor widths of every
+size come from their one copy, ``omnilab.models.tiny.TALKER_GEOMETRIES`` (the model tests build their networks
+from the same dicts; ``models`` may not import ``checkpoint``, so the copy lives there); the codec decoder,
+Mimi and speaker-encoder widths live here. No torch import.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from omnilab.config import (
     SAMPLES_PER_FRAME, SPEAKER_DIALECTS, SPEAKER_IDS, TTS_BOS_ID, TTS_EOS_ID, TTS_PAD_ID, VARIANTS,
 )
 from omnilab.errors import ConfigError
+from omnilab.models.tiny import TALKER_GEOMETRIES
 
 CHECKPOINT_SIZES = ("tiny", "mid", "0.6b", "1.7b")
 TRANSFORMERS_VERSION = "4.57.3"
@@ -66,30 +70,33 @@ _REAL_CODEC = dict(
     dec_latent=1024, dec_hidden=512, dec_inter=1024, dec_layers=8, dec_heads=16, dec_head_dim=64, dec_dim=1536,
     dec_codebook_dim=512, mimi_filters=64, mimi_hidden=512, mimi_layers=8, mimi_heads=8, mimi_head_dim=64,
     mimi_inter=2048, mimi_codebook_dim=256, released=True)
-_REAL_CP = dict(cp_hidden=1024, cp_inter=3072, cp_layers=5, cp_heads=16, cp_kv_heads=8, cp_head_dim=128)
+
+
+def _talker(size: str) -> dict:
+    """The talker and code-predictor fields of ``size``, from their one copy in ``omnilab.models.tiny``."""
+    g = TALKER_GEOMETRIES[size]
+    return dict(hidden=g["hidden"], inter=g["inter"], layers=g["layers"], heads=g["heads"], kv_heads=g["kv"],
+                head_dim=g["head_dim"], text_hidden=g["text_hidden"], mrope_section=tuple(g["mrope_section"]),
+                cp_hidden=g["cp_hidden"], cp_inter=g["cp_inter"], cp_layers=g["cp_layers"], cp_heads=g["cp_heads"],
+                cp_kv_heads=g["cp_kv"], cp_head_dim=g["cp_head_dim"])
+
 
 GEOMETRIES: dict[str, Geometry] = {
     "tiny": Geometry(
-        model_size="0b6", hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=16, text_hidden=32,
-        mrope_section=(4, 2, 2), cp_hidden=64, cp_inter=128, cp_layers=2, cp_heads=4, cp_kv_heads=2, cp_head_dim=16,
+        model_size="0b6", **_talker("tiny"),
         ecapa_channels=(32, 32, 32, 32, 96), ecapa_attention=16, ecapa_se=16,
         dec_latent=64, dec_hidden=32, dec_inter=64, dec_layers=2, dec_heads=2, dec_head_dim=16, dec_dim=48,
         dec_codebook_dim=32, mimi_filters=8, mimi_hidden=32, mimi_layers=1, mimi_heads=2, mimi_head_dim=16,
         mimi_inter=64, mimi_codebook_dim=16),
-    # "mid" mirrors the 1.7B structure: predictor narrower than the talker -> small_to_mtp_projection.
     "mid": Geometry(
-        model_size="1b7", hidden=256, inter=768, layers=4, heads=8, kv_heads=4, head_dim=32, text_hidden=128,
-        mrope_section=(6, 5, 5), cp_hidden=128, cp_inter=384, cp_layers=2, cp_heads=4, cp_kv_heads=2, cp_head_dim=32,
+        model_size="1b7", **_talker("mid"),
         ecapa_channels=(64, 64, 64, 64, 192), ecapa_attention=32, ecapa_se=32,
         dec_latent=256, dec_hidden=128, dec_inter=256, dec_layers=2, dec_heads=4, dec_head_dim=32, dec_dim=192,
         dec_codebook_dim=128, mimi_filters=16, mimi_hidden=64, mimi_layers=2, mimi_heads=4, mimi_head_dim=16,
         mimi_inter=128, mimi_codebook_dim=32),
-    "0.6b": Geometry(model_size="0b6", hidden=1024, inter=3072, layers=28, heads=16, kv_heads=8, head_dim=128,
-                     text_hidden=2048, mrope_section=(24, 20, 20), **_REAL_CP, **_REAL_CODEC),
-    "1.7b": Geometry(model_size="1b7", hidden=2048, inter=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
-                     text_hidden=2048, mrope_section=(24, 20, 20), **_REAL_CP, **_REAL_CODEC),
+    "0.6b": Geometry(model_size="0b6", **_talker("0.6b"), **_REAL_CODEC),
+    "1.7b": Geometry(model_size="1b7", **_talker("1.7b"), **_REAL_CODEC),
 }
-
 
 def geometry(size: str) -> Geometry:
     if size not in GEOMETRIES:

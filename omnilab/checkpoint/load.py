@@ -12,10 +12,12 @@ Contract:
   mismatches -> ``ConfigError``, each naming the first offending tensors). Modules are built with their
   parameters on the meta device and the file's tensors are assigned one at a time (cast to the compute
   dtype as they are read), so the weights are never held twice. Never unpickles.
-- Building blocks for stage workers that load one part of a checkpoint themselves: ``weight_files(dir,
-  stem)`` (single file or shards), ``TensorIndex`` (tensor name -> lazy read, cast on read),
-  ``load_strict(factory, index, prefix, dtype, what)`` (meta-init a module and fill it strictly) and
-  ``meta_init()`` (build modules without allocating or initialising parameters).
+- One strict loader for the client and the stage workers (:mod:`omnilab.checkpoint.worker_weights`):
+  ``load_strict(factory, index, prefix, dtype, what, streamed=, keep_bf16=, mmap=)`` (meta-init a module and
+  fill it strictly: names, shapes, dtype policy, huge-page arena, 64-byte aligned tensors) and the parts built
+  on it, ``load_talker_from`` (the talker's dtype policy, see :data:`UPCAST_TABLES`) and ``load_code2wav_from``;
+  ``weight_files(dir, stem)`` (single file or shards), ``TensorIndex`` and ``meta_init()`` (build modules
+  without allocating or initialising parameters). ``read_configs(dir)`` parses the two config files once.
 - Compute dtype (``resolve_dtype``): the argument, else ``$OMNILAB_DTYPE``, else bf16 only where the CPU
   has native bf16 (``omnilab.hardware.cpu_has_native_bf16``) and fp32 otherwise; always with a reason.
   It applies to the talker; code2wav, the speaker encoder and the Mimi encoder stay fp32.
@@ -23,7 +25,6 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import threading
@@ -37,11 +38,12 @@ from torch import nn
 
 from omnilab.config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from omnilab.errors import CheckpointError, ConfigError
-from omnilab.checkpoint.tensor_index import TensorIndex
+from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.tokenizer import TextTokenizer
 
 __all__ = ["LoadedModel", "load_model", "resolve_checkpoint", "validate_checkpoint_dir", "resolve_dtype",
-           "REQUIRED_FILES", "weight_files", "TensorIndex", "load_strict", "meta_init"]
+           "REQUIRED_FILES", "weight_files", "TensorIndex", "load_strict", "load_talker_from", "load_code2wav_from",
+           "read_configs", "meta_init"]
 
 REQUIRED_FILES = (
     "config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
@@ -172,21 +174,6 @@ def resolve_checkpoint(path_or_hub_id: str | os.PathLike, *, timeout_s: float = 
     return _download(s, timeout_s, revision)
 
 
-def weight_files(path: Path, stem: str) -> list[Path] | None:
-    """``stem.safetensors``, or the shards named by ``stem.safetensors.index.json``; None if neither."""
-    single = path / f"{stem}.safetensors"
-    if single.is_file():
-        return [single]
-    index = path / f"{stem}.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index: {e}") from None
-        return [path / n for n in names]
-    return None
-
-
 def validate_checkpoint_dir(path: str | os.PathLike) -> Path:
     """Raise ``CheckpointError`` naming every missing required file; return the directory."""
     path = Path(path)
@@ -248,12 +235,18 @@ def _names(keys, n: int = _SHOW) -> str:
 
 
 def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: str, dtype: torch.dtype,
-                 what: str, streamed: Callable[[str], bool] | None = None, storage: Any = None) -> nn.Module:
-    """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``index``.
+                what: str, *, streamed: Callable[[str], bool] | None = None,
+                keep_bf16: Callable[[str, torch.dtype], bool] | None = None, mmap: bool = True) -> nn.Module:
+    """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``index``: the
+    one strict loader, for ``load_model`` and for stage workers.
 
+    Names and shapes must match exactly (``CheckpointError`` / ``ConfigError`` naming the first offending
+    tensors). Dtypes: floating tensors become ``dtype``, except those ``keep_bf16(name, file dtype)`` selects
+    (names without ``prefix``), which stay in the file's bf16; other tensors keep their file dtype.
     ``streamed`` (optional) selects matrices to place in one huge-page :class:`~omnilab.kernels.hugepages.
-    WeightArena` (kept as ``module.weight_arena``); ``storage`` (optional :class:`~omnilab.kernels.storage.
-    WeightStorage`) keeps the talker matrices it selects in the file's bf16 instead of ``dtype``."""
+    WeightArena` (kept as ``module.weight_arena``). Every tensor starts on a 64-byte boundary
+    (:meth:`TensorIndex.get`). ``mmap=False`` reads every tensor with plain file reads (stage workers: the
+    file's pages never join the process's resident set); True maps tensors already in their stored dtype."""
     with meta_init():
         module = factory()
     expected = {k: tuple(t.shape) for k, t in module.state_dict().items()}
@@ -276,13 +269,16 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         raise CheckpointError(msg)
     from omnilab.kernels.hugepages import plan_arena
 
-    stored = {k: torch.bfloat16 if storage is not None and storage.keeps_bf16(k, index.dtype(present[k])) else dtype
-              for k in expected}
+    stored = {}
+    for k in expected:
+        file_dtype = index.dtype(present[k])
+        keep = keep_bf16 is not None and file_dtype == torch.bfloat16 and keep_bf16(k, file_dtype)
+        stored[k] = file_dtype if keep or not file_dtype.is_floating_point else dtype
     arena, in_arena = plan_arena({k: (shape, stored[k]) for k, shape in expected.items()}, streamed)
     state = {}
     for k in expected:  # arena tensors: read in the file dtype, cast while copying in (no fp32 temporary)
         state[k] = (arena.put(index.read(present[k]), stored[k]) if k in in_arena
-                    else index.get(present[k], stored[k]))
+                    else index.get(present[k], stored[k], mmap=mmap))
     module.load_state_dict(state, strict=True, assign=True)
     module.weight_arena = arena
     del state
@@ -291,6 +287,48 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         raise CheckpointError(f"{what}: tensors left uninitialised after loading: {_names(leftover)}")
     module.requires_grad_(False)
     return module.eval()
+
+
+# Talker embedding tables looked up through their nn.Embedding module (a bf16 file table stays bf16 under fp32
+# compute, rows upcast exactly). Not the predictor's 15 tables: CodePredictor.generate reads their weights.
+UPCAST_TABLES = frozenset({"model.text_embedding.weight", "model.codec_embedding.weight"})
+
+
+class _UpcastEmbedding(nn.Embedding):
+    """An embedding table stored in a narrower dtype whose looked-up rows are cast to ``out_dtype``.
+    bf16 -> fp32 is exact, so the rows equal those of an fp32 copy of the table, at half the memory."""
+    out_dtype: torch.dtype = torch.float32
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids).to(self.out_dtype)
+
+
+def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dtype, *, mmap: bool = True) -> nn.Module:
+    """The ``Talker`` from ``talker.*`` of ``index`` (client and talker worker alike). Under fp32 compute the
+    streamed decode matrices stay in the file's bf16 as :func:`omnilab.kernels.storage.weight_storage_choice`
+    says (``talker.weight_storage``), and so do the text and codec tables (:data:`UPCAST_TABLES`, 0.6 GB less
+    at 0.6B) behind an exact upcast; huge pages as :func:`streamed_selector` says."""
+    from omnilab.kernels.storage import weight_storage_choice
+    from omnilab.models.talker import Talker
+
+    storage = weight_storage_choice(dtype)
+    tables = UPCAST_TABLES if dtype == torch.float32 else frozenset()
+    talker = load_strict(lambda: Talker(config), index, "talker.", dtype, "model.safetensors (talker)",
+                         streamed=streamed_selector(), mmap=mmap,
+                         keep_bf16=lambda k, fd: k in tables or storage.keeps_bf16(k, fd))
+    talker.weight_storage = storage
+    for emb in talker.modules():
+        if isinstance(emb, nn.Embedding) and emb.weight.dtype != dtype:
+            emb.__class__ = _UpcastEmbedding
+            emb.out_dtype = dtype
+    return talker
+
+
+def load_code2wav_from(index: TensorIndex, speech: SpeechTokenizerConfig, *, mmap: bool = True) -> nn.Module:
+    """The fp32 ``Code2Wav`` decoder from ``decoder.*`` of the speech tokenizer's ``index``."""
+    from omnilab.models.code2wav import Code2Wav
+    return load_strict(lambda: Code2Wav(speech.decoder), index, "decoder.", torch.float32,
+                       "speech_tokenizer/model.safetensors (decoder)", mmap=mmap)
 
 
 def _unclaimed(index: TensorIndex, prefixes: tuple[str, ...], file: str) -> None:
@@ -306,8 +344,15 @@ def streamed_selector() -> Callable[[str], bool] | None:
     return talker_streamed_name if hugepages_choice().enabled else None
 
 
+def read_configs(path: Path) -> tuple[Qwen3TTSConfig, SpeechTokenizerConfig]:
+    """``config.json`` and ``speech_tokenizer/config.json`` of a checkpoint directory, parsed (once per load:
+    ``Pipeline.from_pretrained`` plans the deploy profile from them and hands them to :func:`load_model`)."""
+    return Qwen3TTSConfig.load(path / "config.json"), SpeechTokenizerConfig.load(path / "speech_tokenizer" / "config.json")
+
+
 def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: bool | str = "auto", *,
-               load_talker: bool = True, load_code2wav: bool = True) -> LoadedModel:
+               load_talker: bool = True, load_code2wav: bool = True,
+               configs: tuple[Qwen3TTSConfig, SpeechTokenizerConfig] | None = None) -> LoadedModel:
     """Load a checkpoint directory or hub id.
 
     Args:
@@ -316,16 +361,13 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
         load_encoders: ``"auto"`` loads the speaker encoder and the Mimi encoder for Base only; ``True``
             also loads the Mimi encoder for the other variants; ``False`` loads neither.
         load_talker, load_code2wav: False leaves that module ``None`` (a stage worker process loads it).
+        configs: :func:`read_configs` of this directory when the caller has parsed them already.
     """
-    from omnilab.models.code2wav import Code2Wav
-    from omnilab.models.talker import Talker
-
     if load_encoders not in ("auto", True, False):
         raise ConfigError(f"load_encoders {load_encoders!r}; accepted: 'auto', True, False")
     compute, reason = resolve_dtype(dtype)
     path = validate_checkpoint_dir(resolve_checkpoint(path_or_id))
-    config = Qwen3TTSConfig.load(path / "config.json")
-    speech = SpeechTokenizerConfig.load(path / "speech_tokenizer" / "config.json")
+    config, speech = configs if configs is not None else read_configs(path)
     generation = GenerationDefaults.load(path / "generation_config.json")
     tokenizer = TextTokenizer.from_dir(path)
     _check_tokenizer(tokenizer, config)
@@ -335,29 +377,22 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
 
     main = TensorIndex(weight_files(path, "model"))
     _unclaimed(main, ("talker.", "speaker_encoder.") if is_base else ("talker.",), "model.safetensors")
-    talker = None
-    if load_talker:
-        from omnilab.kernels.storage import weight_storage_choice
-        storage = weight_storage_choice(compute)
-        talker = load_strict(lambda: Talker(config), main, "talker.", compute, "model.safetensors (talker)",
-                             streamed=streamed_selector(), storage=storage)
-        talker.weight_storage = storage
+    talker = load_talker_from(main, config, compute) if load_talker else None
     speaker_encoder = None
     if want_spk:
         from omnilab.models.speaker_encoder import SpeakerEncoder
         speaker_encoder = load_strict(lambda: SpeakerEncoder(config.speaker_encoder), main, "speaker_encoder.",
-                                       torch.float32, "model.safetensors (speaker_encoder)")
+                                      torch.float32, "model.safetensors (speaker_encoder)")
     del main
 
     codec = TensorIndex(weight_files(path / "speech_tokenizer", "model"))
     _unclaimed(codec, ("encoder.", "decoder."), "speech_tokenizer/model.safetensors")
-    code2wav = load_strict(lambda: Code2Wav(speech.decoder), codec, "decoder.", torch.float32,
-                            "speech_tokenizer/model.safetensors (decoder)") if load_code2wav else None
+    code2wav = load_code2wav_from(codec, speech) if load_code2wav else None
     mimi_encoder = None
     if want_mimi:
         from omnilab.models.mimi_encoder import MimiEncoder
         mimi_encoder = load_strict(lambda: MimiEncoder(speech.encoder, speech.encoder_valid_num_quantizers), codec,
-                                    "encoder.", torch.float32, "speech_tokenizer/model.safetensors (encoder)")
+                                   "encoder.", torch.float32, "speech_tokenizer/model.safetensors (encoder)")
     return LoadedModel(path=path, config=config, speech_config=speech, generation=generation, talker=talker,
                        code2wav=code2wav, speaker_encoder=speaker_encoder, mimi_encoder=mimi_encoder,
                        tokenizer=tokenizer, dtype=compute, dtype_reason=reason)

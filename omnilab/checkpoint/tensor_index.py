@@ -1,7 +1,8 @@
 """``TensorIndex``: tensor name -> (file, dtype, shape, offsets) over safetensors files, one tensor at a time.
 
-Used by :mod:`omnilab.checkpoint.load` and by stage workers that load one part of a checkpoint themselves.
-Reads headers only at construction; never unpickles.
+Used by :mod:`omnilab.checkpoint.load` (whose ``load_strict`` also serves the stage workers that load one part
+of a checkpoint themselves). ``weight_files(dir, stem)`` lists a checkpoint's file or shards. Reads headers
+only at construction; never unpickles.
 """
 from __future__ import annotations
 
@@ -55,17 +56,21 @@ class TensorIndex:
         """The tensor's dtype in the file."""
         return _ST_DTYPES[self.where[name][1]["dtype"]]
 
-    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def get(self, name: str, dtype: torch.dtype | None = None, *, mmap: bool = True) -> torch.Tensor:
+        """The tensor in ``dtype`` (floating tensors only; None = the file's), starting on a 64-byte boundary.
+        ``mmap=False``: plain file reads even when no cast is needed (nothing of the file stays mapped)."""
         path, info, base = self.where[name]
         src = _ST_DTYPES[info["dtype"]]
-        if dtype is None or src == dtype or not src.is_floating_point:
+        same = dtype is None or src == dtype or not src.is_floating_point
+        if same and mmap:
             handle = self._mapped.get(path)
             if handle is None:
                 from safetensors import safe_open
                 handle = self._mapped[path] = safe_open(str(path), framework="pt", device="cpu")
             t = handle.get_tensor(name)
             return t if t.data_ptr() % ALIGN_BYTES == 0 else t.clone()
-        return self.read(name).to(dtype)
+        t = self.read(name)  # fresh allocation (64-byte aligned); cast after reading
+        return t if same else t.to(dtype)
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor in its file dtype, read with plain file reads into a fresh tensor (no mapping)."""
@@ -78,3 +83,18 @@ class TensorIndex:
                 if fh.readinto(raw.reshape(-1).view(torch.uint8).numpy()) != end - start:
                     raise CheckpointError(f"{path}: truncated data for tensor {name}")
         return raw
+
+
+def weight_files(path: Path, stem: str) -> list[Path] | None:
+    """``stem.safetensors``, or the shards named by ``stem.safetensors.index.json``; None if neither."""
+    single = path / f"{stem}.safetensors"
+    if single.is_file():
+        return [single]
+    index = path / f"{stem}.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index: {e}") from None
+        return [path / n for n in names]
+    return None

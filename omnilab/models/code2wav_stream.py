@@ -10,7 +10,9 @@ Contract:
   States whose chunks have the same length are stacked along the batch dim and run as one batch
   (rows may be at different positions); the others run one by one. Results equal decoding each
   state alone, up to floating-point rounding.
-- ``ChunkSchedule`` is plain Python (no torch): the sizes of successive chunks of one stream.
+- ``ChunkSchedule`` is plain Python (no torch): the sizes of successive chunks of one stream, by the one
+  chunk rule in ``omnilab.profiles.cost`` (layer 1, plain Python; models may import it, profiles never
+  import models).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Sequence
 import torch
 
 from omnilab.errors import InputError
+from omnilab.profiles.cost import check_chunks, chunk_frames, chunk_schedule
 
 
 class Code2WavState:
@@ -136,7 +139,8 @@ def decode_chunks(model, states: Sequence[Code2WavState], codes: Sequence[torch.
 @dataclass(frozen=True)
 class ChunkSchedule:
     """Sizes (in frames) of successive streaming chunks: ``first_frames``, then ``ramp``, then
-    ``steady_frames`` repeated. ``first_frames=0`` skips the first chunk (start with the ramp).
+    ``steady_frames`` repeated. ``first_frames=0`` skips the first chunk (start with the ramp); no size is 0.
+    The rule itself is :func:`omnilab.profiles.cost.chunk_schedule` (one copy, shared with the deploy profile).
 
     Example: ``ChunkSchedule(1, (2, 4, 8, 16), 25).sizes(60) == [1, 2, 4, 8, 16, 25, 4]``.
     """
@@ -146,23 +150,14 @@ class ChunkSchedule:
 
     def __post_init__(self):
         object.__setattr__(self, "ramp", tuple(int(r) for r in self.ramp))
-        if self.first_frames < 0 or self.steady_frames < 1 or any(r < 1 for r in self.ramp):
-            raise InputError(f"ChunkSchedule: first_frames must be >= 0 and ramp/steady_frames >= 1 "
-                             f"(got {self.first_frames}, {self.ramp}, {self.steady_frames})")
+        check_chunks(self.first_frames, self.ramp, self.steady_frames, InputError)
 
     def chunk_frames(self, index: int) -> int:
         """Size of chunk number ``index`` (0-based) of an unbounded stream."""
-        head = ((self.first_frames,) if self.first_frames else ()) + self.ramp
-        return head[index] if index < len(head) else self.steady_frames
+        return chunk_frames(self.first_frames, self.ramp, self.steady_frames, index)
 
     def sizes(self, total_frames: int) -> list[int]:
         """Chunk sizes covering ``total_frames``; the last chunk is cut short to fit."""
         if total_frames < 0:
             raise InputError(f"ChunkSchedule.sizes: total_frames must be >= 0, got {total_frames}")
-        out, done, i = [], 0, 0
-        while done < total_frames:
-            n = min(self.chunk_frames(i), total_frames - done)
-            out.append(n)
-            done += n
-            i += 1
-        return out
+        return chunk_schedule(self.first_frames, self.ramp, self.steady_frames, total_frames)

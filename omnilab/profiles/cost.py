@@ -8,6 +8,12 @@ per-thread GFLOP/s (docs/model.md#bytes-and-flops-per-frame). Thread scaling is 
 threads are assumed to bring nothing (peers report the talker step stops scaling beyond 16 threads).
 ``simulate_stream`` plays a chunk schedule against those times and reports TTFA, stall and RTF.
 
+One copy of three facts the planner and the engine share: ``kv_bytes_per_token`` (head size padded to what
+vLLM's CPU attention supports, ``SUPPORTED_HEAD_SIZES``) and ``kv_cache_bytes_for`` (whole ``BLOCK_SIZE``
+blocks + vLLM's reserve block) size the talker's KV cache in ``memory.py`` and in
+``omnilab.stages.vllm.config``; ``chunk_schedule`` / ``chunk_frames`` are the streaming chunk rule of
+``DeployProfile.chunk_sizes`` and ``omnilab.models.code2wav_stream.ChunkSchedule``.
+
 Calibration (2-core KVM guest, fp32, 2 threads, docs/model.md#measured-reference-speed): talker + predictor 640 ms/frame, i.e.
 ~5.5 GB/s per thread after Amdahl; code2wav 49-59 ms/frame on 25-frame chunks. Everything else in
 ``_CORE_PERF`` is an assumption from peak SIMD width; pass ``StageTimes`` to use measured numbers.
@@ -20,6 +26,9 @@ from typing import TYPE_CHECKING, Sequence
 from omnilab.errors import ConfigError
 
 BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
+# Head sizes vLLM's CPU attention supports (vllm/v1/attention/backends/cpu_attn.py,
+# CPUAttentionBackend.get_supported_head_sizes; tests/stages/test_vllm_env.py compares with the installed vLLM).
+SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 if TYPE_CHECKING:
     from omnilab.config import Code2WavConfig, Qwen3TTSConfig
@@ -30,6 +39,28 @@ TALKER_SERIAL, TALKER_MAX_THREADS = 0.08, 16
 CODE2WAV_SERIAL, CODE2WAV_MAX_THREADS = 0.03, 32
 CHUNK_OVERHEAD_MS = 1.0        # per-chunk hop between the stages (shared memory, ~1 ms measured by peers)
 SHARED_PENALTY = 1.10          # context switches + cache interference when both stages share cores
+
+
+def padded_head_size(head_dim: int) -> int:
+    """Smallest head size vLLM's CPU attention supports that holds ``head_dim``: the talker's attention runs
+    (and its KV cache is sized) at this size, the extra dims zero."""
+    for s in SUPPORTED_HEAD_SIZES:
+        if s >= head_dim:
+            return s
+    raise ConfigError(f"head_dim {head_dim} is larger than vLLM's CPU attention supports "
+                      f"(at most {SUPPORTED_HEAD_SIZES[-1]})")
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Paged KV cache bytes per token of one request, as vLLM sizes it: layers x 2 (K and V) x kv_heads x
+    the padded head size x dtype bytes. The one formula: the planner and the vLLM engine both call it."""
+    return layers * 2 * kv_heads * padded_head_size(head_dim) * dtype_bytes
+
+
+def kv_cache_bytes_for(per_token_bytes: int, seqs: int, length: int, block_size: int = BLOCK_SIZE) -> int:
+    """KV bytes that hold ``seqs`` sequences of ``length`` tokens: whole blocks per sequence, plus the one
+    block vLLM keeps in reserve."""
+    return (seqs * -(-length // block_size) + 1) * block_size * per_token_bytes
 
 
 def _layer_params(h: int, inter: int, heads: int, kv: int, hd: int) -> int:
@@ -84,8 +115,8 @@ class ModelGeometry:
                    t.num_code_groups, **extra)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Talker KV: layers x 2 (K and V) x kv_heads x head_dim x dtype bytes."""
-        return self.talker_layers * 2 * self.talker_kv_heads * self.talker_head_dim * dtype_bytes
+        """Talker KV per token (:func:`kv_bytes_per_token`: head size padded as vLLM's CPU attention pads it)."""
+        return kv_bytes_per_token(self.talker_layers, self.talker_kv_heads, self.talker_head_dim, dtype_bytes)
 
     @property
     def _talker_layer(self) -> int:
@@ -210,17 +241,32 @@ def _perf_key(hw: "HardwareInfo", dtype: str) -> str:
 
 
 # ---------------------------------------------------------------- streaming playback simulation
+def check_chunks(first: int, ramp: Sequence[int], steady: int, error: type[Exception] = ConfigError) -> None:
+    """Raise ``error`` unless ``first >= 0`` (0: no first chunk, start with the ramp) and every ramp and the
+    steady size are ``>= 1``."""
+    if first < 0 or steady < 1 or any(r < 1 for r in ramp):
+        raise error(f"chunk sizes: first_frames must be >= 0 and ramp/steady_frames >= 1 "
+                    f"(got {first}, {tuple(ramp)}, {steady})")
+
+
+def chunk_frames(first: int, ramp: Sequence[int], steady: int, index: int) -> int:
+    """Size of chunk ``index`` (0-based) of an unbounded stream: first (skipped when 0), the ramp, then steady."""
+    head = ((first,) if first else ()) + tuple(ramp)
+    return head[index] if index < len(head) else steady
+
+
 def chunk_schedule(first: int, ramp: Sequence[int], steady: int, total_frames: int) -> list[int]:
-    """Chunk sizes covering ``total_frames``: first, then the ramp, then steady chunks."""
-    sizes, left = [], total_frames
-    for c in (first, *ramp):
-        if left <= 0:
-            break
-        sizes.append(min(c, left))
-        left -= sizes[-1]
-    while left > 0:
-        sizes.append(min(steady, left))
-        left -= sizes[-1]
+    """Chunk sizes covering ``total_frames``: the :func:`chunk_frames` sequence, the last chunk cut short. The
+    one chunk rule: ``DeployProfile.chunk_sizes``, the playback simulation and
+    ``omnilab.models.code2wav_stream.ChunkSchedule`` (what the pipeline streams with) all use it. Every size is
+    >= 1 and they sum to ``total_frames``."""
+    check_chunks(first, ramp, steady)
+    if total_frames < 0:
+        raise ConfigError(f"chunk sizes: total_frames must be >= 0, got {total_frames}")
+    sizes, done = [], 0
+    while done < total_frames:
+        sizes.append(min(chunk_frames(first, ramp, steady, len(sizes)), total_frames - done))
+        done += sizes[-1]
     return sizes
 
 
@@ -287,4 +333,5 @@ def doubling_ramp(first: int, steady: int) -> tuple[int, ...]:
 
 
 __all__ = ["ModelGeometry", "StageTimes", "CostModel", "StreamEstimate", "simulate_stream", "estimate",
-           "chunk_schedule", "doubling_ramp", "amdahl", "FRAME_MS"]
+           "chunk_schedule", "chunk_frames", "check_chunks", "doubling_ramp", "amdahl", "FRAME_MS", "BLOCK_SIZE",
+           "SUPPORTED_HEAD_SIZES", "padded_head_size", "kv_bytes_per_token", "kv_cache_bytes_for"]

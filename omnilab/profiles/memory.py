@@ -7,7 +7,9 @@ worker reads it, minus that rank's weights, its runtime and a margin): vLLM's wo
 and KV cache on its node and refuses a KV budget above the node's free memory. An explicit budget above
 either cap raises ``ConfigError`` naming the cap. ``gpu_memory_utilization=f`` (argument or preset/file)
 sizes the budget as vLLM's CPU worker does: ``ceil(f x the node's MemTotal)`` minus the worker's resident
-memory (estimated: weights + runtime); a ``kv_cache_bytes`` in the same or a higher layer wins. Auto: one
+memory (estimated: weights + runtime); a ``kv_cache_bytes`` in the same or a higher layer wins. Per-token bytes and
+whole-block rounding are ``cost.kv_bytes_per_token`` / ``cost.kv_cache_bytes_for``, the functions the vLLM engine
+sizes its cache with (head size padded as vLLM's CPU attention pads it). Auto: one
 ``max_model_len`` sequence per ``max_num_seqs`` plus vLLM's spare block, rounded up to whole GiB when that
 fits (so ``VLLM_CPU_KVCACHE_SPACE`` is exact), or the longest context that fits. Plain Python.
 """
@@ -17,9 +19,8 @@ import math
 
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo
-from omnilab.profiles.cost import ModelGeometry
+from omnilab.profiles.cost import BLOCK_SIZE, ModelGeometry, kv_cache_bytes_for, padded_head_size
 from omnilab.profiles.overrides import Overrides
-from omnilab.profiles.cost import BLOCK_SIZE
 from omnilab.profiles.resolved import Resolved
 
 RUNTIME_BYTES_PER_PROCESS = 3 * GiB // 4   # torch + vLLM import RSS per process (engine core, 2 workers)
@@ -91,7 +92,7 @@ def kv_budget(hw: HardwareInfo, geo: ModelGeometry, dtype: str, ov: Overrides, t
     block = BLOCK_SIZE * per_tok
 
     def need(seqs: int, length: int) -> int:  # vLLM keeps one block in reserve
-        return (seqs * -(-length // BLOCK_SIZE) + 1) * block
+        return kv_cache_bytes_for(per_tok, seqs, length, BLOCK_SIZE)
 
     so, lo = ov.get("max_num_seqs"), ov.get("max_model_len")
     ko, fo = ov.get_ranked("kv_cache_bytes"), ov.get_ranked("gpu_memory_utilization")
@@ -137,8 +138,10 @@ def kv_budget(hw: HardwareInfo, geo: ModelGeometry, dtype: str, ov: Overrides, t
         rounded = whole <= limit
         if node_binds and not rounded and whole <= cap:
             binding = node_why  # the node, not the machine, keeps the budget off whole GiB
+        hd, padded = geo.talker_head_dim, padded_head_size(geo.talker_head_dim)
+        head = f"{hd}" if padded == hd else f"{padded} (head_dim {hd} padded for vLLM's CPU attention)"
         kv_why = (f"{seqs} seq x {length} tokens x {per_tok} B/token ({geo.talker_layers} layers x 2 x "
-                  f"{geo.talker_kv_heads} kv heads x {geo.talker_head_dim} x {nbytes} B; {BLOCK_SIZE}-token blocks "
+                  f"{geo.talker_kv_heads} kv heads x {head} x {nbytes} B; {BLOCK_SIZE}-token blocks "
                   f"+ 1 spare) = {kv / GiB:.2f} GiB"
                   + (f", rounded up to {whole // GiB} GiB so VLLM_CPU_KVCACHE_SPACE is exact" if rounded else "")
                   + f"; {binding}")

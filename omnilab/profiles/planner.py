@@ -55,21 +55,25 @@ class _Cand:
                 f"[{format_cpulist(self.code2wav)}]: {self.frame_ms:.0f} ms/frame")
 
 
-def as_geometry(model_config: Any) -> ModelGeometry:
-    """``Qwen3TTSConfig`` | ``ModelGeometry`` | checkpoint dir or config.json path | None (released 0.6B)."""
+def as_geometry(model_config: Any, speech_config: Any = None, where: Any = None) -> ModelGeometry:
+    """``Qwen3TTSConfig`` (already parsed; with its ``SpeechTokenizerConfig`` for the decoder geometry and
+    ``where`` it was read from, for the name) | ``ModelGeometry`` | checkpoint dir or config.json path (parsed
+    here) | None (released 0.6B)."""
     from omnilab.config import Qwen3TTSConfig, SpeechTokenizerConfig
     if model_config is None:
         return ModelGeometry.released("0b6")
     if isinstance(model_config, ModelGeometry):
         return model_config
     if isinstance(model_config, Qwen3TTSConfig):
-        return ModelGeometry.from_config(model_config)
+        cfg = model_config
+        decoder = speech_config.decoder if speech_config is not None else None
+        name = f"{cfg.tts_model_type} {cfg.tts_model_size} ({where})" if where is not None else ""
+        return ModelGeometry.from_config(cfg, decoder, name=name)
     path = Path(model_config)
     cfg_path = path / "config.json" if path.is_dir() else path
-    cfg = Qwen3TTSConfig.load(cfg_path)
     st = cfg_path.parent / "speech_tokenizer" / "config.json"
-    decoder = SpeechTokenizerConfig.load(st).decoder if st.exists() else None
-    return ModelGeometry.from_config(cfg, decoder, name=f"{cfg.tts_model_type} {cfg.tts_model_size} ({cfg_path.parent})")
+    return as_geometry(Qwen3TTSConfig.load(cfg_path), SpeechTokenizerConfig.load(st) if st.exists() else None,
+                       cfg_path.parent)
 
 
 def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_concurrency: int | None = None,

@@ -8,7 +8,11 @@ vLLM allocates it). ``talker_pinned=False`` (``VLLM_CPU_OMP_THREADS_BIND=nobind`
 threads are not pinned: its one CPU list is every CPU they may run on, ``talker_threads`` at most that
 many. It renders what the stage workers need:
 ``to_env(stage)`` (``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``LD_PRELOAD``, ...),
-``engine_args(stage)`` and ``chunk_sizes(n)``. Planning lives in ``planner.py``, YAML in ``deploy_yaml.py``.
+``engine_args(stage)`` and ``chunk_sizes(n)``. These are the one road to the processes: the pipeline's workers
+start with exactly ``to_env(stage)`` and the talker engine is sized by ``engine_args("talker")``
+(``omnilab.stages.vllm.deploy.VllmDeploy.from_profile``), the YAML export writes them, and a worker of one's
+own applies them with ``readback.apply_to_current_process``. Planning lives in ``planner.py``, YAML in
+``deploy_yaml.py``.
 """
 from __future__ import annotations
 
@@ -146,7 +150,9 @@ class DeployProfile:
         return self.kv_cache_bytes.value / GiB
 
     def to_env(self, stage: str) -> dict[str, str]:
-        """Environment for a stage's worker process, to set before it imports torch or vLLM."""
+        """Environment for a stage's worker process, to set before it imports torch or vLLM: the pipeline's
+        workers start with exactly these values (``VllmDeploy.from_profile``); ``VLLM_CPU_KVCACHE_SPACE`` only
+        when the budget is whole GiB (vLLM reads whole GiB), equal to ``engine_args``' exact bytes."""
         _check_stage(stage)
         lists = "|".join(format_cpulist(r) for r in (self.talker_cpus.value if stage == "talker" else
                                                      (self.code2wav_cpus.value,)))
@@ -160,7 +166,8 @@ class DeployProfile:
         return env
 
     def engine_args(self, stage: str = "talker") -> dict[str, Any]:
-        """vLLM ``EngineArgs`` keywords for a stage (``kv_cache_memory_bytes`` is exact, unlike the env)."""
+        """vLLM ``EngineArgs`` keywords for a stage (``kv_cache_memory_bytes`` is exact, unlike the env); the
+        talker engine is built with these values (``VllmDeploy.from_profile``)."""
         _check_stage(stage)
         args: dict[str, Any] = {"dtype": self.dtype.value, "enforce_eager": True, "enable_prefix_caching": False}
         if stage == "talker":

@@ -1,11 +1,12 @@
 """Apply a profile to a stage worker process, and read back what a worker actually runs with.
 
-Contract: ``apply_to_current_process(profile, stage)`` is what a stage worker calls first thing (before
-importing torch or vLLM): it sets the stage's environment and CPU affinity, and sets torch's thread
-count when torch is already imported. ``read_process(pid)`` reads a process's affinity mask
-(``os.sched_getaffinity``), its threads (``/proc/<pid>/task``), each thread's mask and the
-``OMP_NUM_THREADS`` it was started with (``/proc/<pid>/environ``). ``compare_process`` lists every
-difference from the plan (empty list = matches). Linux only; stdlib only.
+Contract: ``apply_to_current_process(profile, stage)`` is what a stage worker of one's own calls first thing
+(before importing torch or vLLM): it sets the stage's environment (``profile.to_env(stage)``, the same values
+the pipeline starts its workers with) and CPU affinity, and sets torch's thread count when torch is already
+imported. ``read_process(pid)`` reads a process's affinity mask (``os.sched_getaffinity``), its threads
+(``/proc/<pid>/task``), each thread's mask and the ``OMP_NUM_THREADS`` it was started with;
+``process_environ(pid)`` is the whole environment it was started with (``/proc/<pid>/environ``).
+``compare_process`` lists every difference from the plan (empty list = matches). Linux only; stdlib only.
 """
 from __future__ import annotations
 
@@ -60,12 +61,21 @@ def read_process(pid: int, *, reported_threads: int | None = None, proc: str = "
             continue
     omp = None
     try:
-        for item in Path(f"{proc}/{pid}/environ").read_bytes().split(b"\0"):
-            if item.startswith(b"OMP_NUM_THREADS="):
-                omp = int(item.split(b"=", 1)[1] or b"0") or None
+        omp = int(process_environ(pid, proc=proc).get("OMP_NUM_THREADS") or 0) or None
     except (OSError, ValueError):
         pass
     return ProcessReadback(pid, cpus, len(tids), tuple(masks), omp, reported_threads)
+
+
+def process_environ(pid: int, *, proc: str = "/proc") -> dict[str, str]:
+    """The environment ``pid`` was started with (``/proc/<pid>/environ``; ``OSError`` if unreadable). Compare
+    it with ``profile.to_env(stage)``: the pipeline starts its workers with those values."""
+    out = {}
+    for item in Path(f"{proc}/{pid}/environ").read_bytes().split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
 
 
 def compare_process(profile: DeployProfile, stage: str, readback: ProcessReadback, *, rank: int = 0) -> list[str]:

@@ -5,11 +5,12 @@ request data, the way the vLLM worker builds them worker-side, and drives ``Eage
 Contract (docs/model.md#talker-step, reference semantics):
 - A request added with :meth:`EagerTalkerEngine.add_request` is prefilled in its next step: talker over the
   prompt -> hidden ``h`` -> sample c0 of frame 0. Every step then, for every live request k-th frame:
-  code predictor on ``(h, C(c0))`` -> c1..c15 -> frame k; input vector ``embed_frame(frame k) +
-  trailing[k]`` (``tts_pad`` once the queue is used up) -> talker decode -> new ``h`` -> sample the next
-  c0. The code predictor runs batched over all live rows; the talker decode is batched too, each row
-  attending only to its own KV cache (``batched=False`` runs rows one by one: bitwise independent of
-  batch mates, since a Linear over 1 row rounds differently from one over several).
+  :func:`omnilab.models.frame.next_frames` (code predictor on ``(h, C(c0))`` -> c1..c15 -> frame k; input
+  vector ``embed_frame(frame k) + trailing[k]``, ``tts_pad`` once the queue is used up; the recurrence the
+  vLLM runner calls too) -> talker decode -> new ``h`` -> sample the next c0. The code predictor runs
+  batched over all live rows; the talker decode is batched too, each row attending only to its own KV
+  cache (``batched=False`` runs rows one by one: bitwise independent of batch mates, since a Linear over
+  1 row rounds differently from one over several).
 - Stop rules: sampled c0 == codec EOS -> ``finish_reason="eos"``, reported on the last real frame.
   ``max_new_tokens`` counts talker tokens as HF ``generate`` does: the last token's frame is never
   produced, so a length-limited request yields ``max_new_tokens - 1`` frames (``"length"``, reported on
@@ -32,6 +33,7 @@ import torch
 from omnilab.checkpoint.load import LoadedModel
 from omnilab.config import Qwen3TTSConfig
 from omnilab.errors import InputError
+from omnilab.models import frame
 from omnilab.models.decoder import KVCache
 from omnilab.models.prompt import Prompt, PromptRequest, build_prompt
 from omnilab.models.talker import Talker
@@ -125,34 +127,18 @@ class EagerTalkerEngine:
             return outs
         t = self.talker
 
-        # 1. code predictor, batched over every live row -> frame k of each row
-        t0 = time.perf_counter()
+        # 1.-2. frame k of each row (code predictor, batched over every live row or row by row) and the input
+        # vectors of the rows whose next token can still become a frame (omnilab.models.frame)
         h = torch.stack([r.h for r in rows])  # [B, H]
         c0 = torch.tensor([r.generated[-1] for r in rows], dtype=torch.long, device=h.device)
-        timings: dict[str, float] = {}
-        warps = [r.params.subtalker_warp for r in rows]
-        gens = [r.generator for r in rows]
-        if self.batched:
-            rest = t.code_predictor.generate(h, t.model.codec_embedding(c0), warps, gens, timings)
-        else:
-            rest = torch.cat([t.code_predictor.generate(h[i:i + 1], t.model.codec_embedding(c0[i:i + 1]),
-                                                         warps[i:i + 1], gens[i:i + 1], timings)
-                              for i in range(len(rows))])
-        frames = torch.cat([c0[:, None], rest], dim=1)  # [B, 16]
-        predictor_ms = 1e3 * (time.perf_counter() - t0)
-        sampling_ms += timings.get("sampling_ms", 0.0)
-
-        # 2. input vectors for the rows whose next token can still become a frame
-        t0 = time.perf_counter()
         cont = [i for i, r in enumerate(rows) if len(r.generated) + 1 < r.params.max_new_tokens]
-        if cont:
-            emb = t.embed_frame(frames[cont])  # [b, H]
-            text = []
-            for i in cont:
-                p, k = rows[i].prompt, rows[i].frame_index
-                text.append(p.trailing[k] if k < p.trailing.shape[0] else p.tts_pad)
-            emb = (emb + torch.stack(text))[:, None]  # [b, 1, H]
-        input_ms = 1e3 * (time.perf_counter() - t0)
+        fs = frame.next_frames(t, h, c0, [r.prompt for r in rows], [r.frame_index for r in rows],
+                               [r.params for r in rows], [r.generator for r in rows], per_row=not self.batched,
+                               need_input=[i in cont for i in range(len(rows))])
+        frames = fs.codes  # [B, 16]
+        emb = fs.inputs[:, None]  # [b, 1, H]
+        predictor_ms, input_ms = fs.predictor_ms, fs.input_ms
+        sampling_ms += fs.sampling_ms
 
         # 3. talker decode + next c0
         talker_ms = 0.0

@@ -1,13 +1,40 @@
-"""``omnilab bench`` on the tiny checkpoint: outputs, metric consistency, floor inputs, prompts."""
+"""``omnilab bench`` on the tiny checkpoint: the CLI's modes, the JSON it writes, the figures' arithmetic, the probes."""
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
+import os
+import shlex
+from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from omnilab.bench import drivers as drv, run as bench
+from omnilab.bench import backends as be, drivers as drv, floors, memory, run as bench
+from omnilab.bench.results import TABLE_COLUMNS, BenchResult, load_bench, table_keys
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--threads", "1", "--frames", "3", "--warmup-frames", "1", "--reference", "off"]
+
+
+def _bench(argv: list[str], capsys) -> tuple[dict, list[str]]:
+    """Run ``omnilab bench argv``; returns (the JSON it wrote, stdout lines)."""
+    assert bench.bench_main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    last = json.loads(out[-1])  # the last line: the JSON's path and the command line
+    assert last["command"] == "omnilab bench " + shlex.join(argv)
+    d = json.loads(Path(last["json"]).read_text())
+    assert d["command"] == last["command"]
+    return d, out
+
+
+def _printed_columns(out: list[str], rows: list[dict]) -> list[tuple]:
+    header = next(ln for ln in out if ln.startswith("config "))
+    heads = [h.strip() for h in header.split(" | ")]
+    n = max((r.get("n_streams") or 0) for r in rows)
+    cols = [c for c in TABLE_COLUMNS
+            if c[0].replace("N-stream", f"{n}-stream").replace("N / 1", f"{n} / 1") in heads]
+    assert len(cols) == len(heads), (heads, n)
+    return cols
 
 
 def test_prompt_set_is_shipped_and_comments_are_skipped(tmp_path):
@@ -19,55 +46,241 @@ def test_prompt_set_is_shipped_and_comments_are_skipped(tmp_path):
 
 
 def test_bytes_per_frame_counts_talker_and_15_predictor_passes(tiny_ckpt):
-    b = drv.bytes_per_frame(tiny_ckpt("custom_voice"), 4)
+    b = floors.bytes_per_frame(tiny_ckpt("custom_voice"), 4)
     assert b["predictor_passes"] == 15
     assert b["talker_bytes_per_frame"] == pytest.approx(b["talker_decode_bytes"] + 15 * b["predictor_pass_bytes"])
     assert b["talker_decode_bytes"] > 0 and b["predictor_pass_bytes"] > 0
-    assert drv.bytes_per_frame(tiny_ckpt("custom_voice"), 2)["talker_bytes_per_frame"] * 2 == b["talker_bytes_per_frame"]
+    assert floors.bytes_per_frame(tiny_ckpt("custom_voice"), 2)["talker_bytes_per_frame"] * 2 == b["talker_bytes_per_frame"]
 
 
-def test_gemv_probes_report_positive_bandwidth():
-    bw = drv.measure_gemv_bandwidth(mib=8, reps=2, threads=1)
-    assert bw["gbps"] > 0 and bw["gbps"] >= bw["gbps_median"] and bw["gemv_mib"] == pytest.approx(8, rel=0.01)
-    ff = drv.measure_frame_floor({"talker_decode_bytes": 4e6, "predictor_pass_bytes": 1e6, "predictor_passes": 3},
-                                 reps=1, threads=1)
-    assert ff["floor_ms"] > 0 and ff["talker_gbps"] > 0 and ff["predictor_gbps"] > 0
+class _Clock:
+    """A fake ``perf_counter`` that advances 2^-7 s per call (binary fractions: differences are exact)."""
+    TICK = 2.0 ** -7
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += self.TICK
+        return self.t
 
 
-def test_unknown_backend_kwarg_is_refused(tiny_ckpt):
-    cfg = bench.BenchConfig(checkpoint=str(tiny_ckpt("custom_voice")), backend_kwargs={"eager": {"no_such": 1}})
-    with pytest.raises(ValueError, match="no_such"):
-        bench._make_pipeline("eager", tiny_ckpt("custom_voice"), cfg, [])
+def test_gemv_probes_report_bytes_over_seconds(monkeypatch):
+    import torch
+
+    # a probe matrix is the requested bytes rounded down to whole 4096-wide rows, at least one row
+    row = floors.COLS * 4
+    assert floors.gemv_matrix(10 * row + 5, torch.float32)[0].shape == (10, floors.COLS)
+    assert floors.gemv_matrix(1, torch.float32)[0].shape == (1, floors.COLS)
+    assert floors.gemv_matrix(10 * row, torch.bfloat16)[0].shape == (20, floors.COLS)
+
+    monkeypatch.setattr(floors, "_clock", _Clock())
+    small, large = floors.measure_gemv_bandwidth(mib=1, reps=3, threads=1), floors.measure_gemv_bandwidth(mib=2, reps=3, threads=1)
+    assert small["bytes"] == 2**20 and large["bytes"] == 2 * small["bytes"]  # a larger matrix reads more bytes
+    for bw in (small, large):
+        assert bw["seconds"] == _Clock.TICK  # every timed mv took one tick
+        assert bw["gbps"] == bw["bytes"] / bw["seconds"] / 1e9 == bw["gbps_median"]
+    assert large["gbps"] == 2 * small["gbps"]  # same time, twice the bytes
+
+    bpf = {"talker_decode_bytes": 8 * row + 100, "predictor_pass_bytes": 2 * row, "predictor_passes": 3}
+    ff = floors.measure_frame_floor(bpf, reps=2, threads=1)
+    assert ff["talker_bytes"] == 8 * row and ff["predictor_bytes"] == 3 * 2 * row  # 3 passes over one pass's matrix
+    assert ff["talker_floor_ms"] == ff["predictor_floor_ms"] == 1e3 * _Clock.TICK  # clock read before, between, after
+    assert ff["floor_ms"] == ff["talker_floor_ms"] + ff["predictor_floor_ms"]
+    assert ff["talker_gbps"] == ff["talker_bytes"] / (ff["talker_floor_ms"] / 1e3) / 1e9
+    assert ff["predictor_gbps"] == ff["predictor_bytes"] / (ff["predictor_floor_ms"] / 1e3) / 1e9
+
+    monkeypatch.undo()  # the real clock: a real, ordered measurement
+    bw = floors.measure_gemv_bandwidth(mib=8, reps=3, threads=1)
+    assert 0 < bw["gbps_median"] <= bw["gbps"] and bw["bytes"] == 8 * 2**20
 
 
-def test_bench_main_end_to_end(tiny_ckpt, tmp_path, capsys):
-    rc = bench.bench_main(["--model", str(tiny_ckpt("custom_voice")), "--threads", "1", "--backends", "eager",
-                           "--concurrency", "1,2", "--requests", "2", "--warmup", "0", "--max-new-tokens", "5",
-                           "--gemv-mib", "8", "--reference", "off", "--out", str(tmp_path), "--name", "b",
-                           "--sampler-interval", "0.02", "--no-progress"])
-    assert rc == 0
-    out = capsys.readouterr().out.strip().splitlines()
-    line = json.loads(out[-1])  # ends with one JSON line
-    assert line["bench"] == "stream_latency" and [p["concurrency"] for p in line["points"]] == [1, 2]
-    assert any("TTFA p50 ms" in ln and "achieved/floor" in ln for ln in out)  # the table
-    res = bench.load_bench(tmp_path / "b.json")
-    s, r = res.summary, res.requests
-    assert list(s["concurrency"]) == [1, 2] and (s["requests"] == 2).all()
-    assert set(pd.read_csv(tmp_path / "b_summary.csv").columns) == set(s.columns)
-    assert len(pd.read_csv(tmp_path / "b_requests.csv")) == 4
-    for _, row in s.iterrows():
-        assert row["frames"] == 8 and row["ttfa_ms_p50"] > 0
-        assert row["playback_start_ms_p50"] >= row["ttfa_ms_p50"] - 1e-6
-        # x-realtime is 1/RTF per request, so mean(RTF) * mean(1/RTF) >= 1 (Jensen), = 1 when all equal
-        assert row["rtf_mean"] * row["x_realtime_mean"] >= 1.0 - 1e-9
-        assert row["floor_ratio"] == pytest.approx(row["talker_compute_ms_per_frame"] / row["floor_ms_per_frame"])
-        assert row["talker_compute_ms_per_frame"] == pytest.approx(row["talker_ms_per_frame"], rel=0.05)  # eager
-        assert row["peak_rss_mb"] > 50 and 0 <= row["sampler_pct_of_step"] < 100
-        assert json.loads(row["peak_rss_by_process"])
-    assert (r["rtf"] * r["x_realtime"]).apply(lambda v: math.isclose(v, 1.0)).all()
-    assert s["driver"].iloc[0] == "pipe.stream" and "step-wise" in s["driver"].iloc[1]
-    assert res.meta["bytes_per_frame"]["predictor_passes"] == 15 and res.meta["bandwidth"]["gbps"] > 0
-    assert "<table" in res._repr_html_() and "BenchResult" in repr(res)
+def test_configuration_names_parse_and_refuse_unknown():
+    c = be.parse_config("vllm+torch-gemv+compiled")
+    assert (c.base, c.compile_talker, c.compile_predictor, c.env) == ("vllm", True, False, {"OMNILAB_CPU_GEMV": "torch"})
+    assert be.parse_config("vllm-compiled") == dataclasses.replace(be.parse_config("vllm+compiled"), name="vllm-compiled")
+    w = be.parse_config("vllm-workers-inductor+avx2-kernels")
+    assert w.workers and w.compile_predictor and w.env == {"OMNILAB_CPU_GEMV": "omnilab-avx2",
+                                                            "OMNILAB_CPU_SNAKE": "omnilab-avx2"}
+    assert be.parse_config("vllm", compile_talker=True).compile_talker  # --compile on
+    assert not be.parse_config("eager", compile_talker=True).compile_talker
+    with pytest.raises(ValueError, match="unknown base 'vlm'.*accepted: eager, vllm, vllm-workers"):
+        be.parse_config("vlm")
+    with pytest.raises(ValueError, match=r"unknown suffix '\+fast'"):
+        be.parse_config("eager+fast")
+    with pytest.raises(ValueError, match="vllm bases only"):
+        be.parse_config("eager+compiled")
+
+
+def test_config_env_sets_modifiers_and_restores_the_environment(monkeypatch):
+    monkeypatch.setenv("OMNILAB_CPU_GEMV", "torch")  # the user's own choice
+    monkeypatch.delenv("OMNILAB_CPU_SNAKE", raising=False)
+    with be.config_env(be.parse_config("eager+torch-snake")):
+        assert os.environ["OMNILAB_CPU_SNAKE"] == "torch" and os.environ["OMNILAB_CPU_GEMV"] == "torch"
+    assert "OMNILAB_CPU_SNAKE" not in os.environ and os.environ["OMNILAB_CPU_GEMV"] == "torch"
+    with be.config_env(be.parse_config("eager+avx2-gemv")):
+        assert os.environ["OMNILAB_CPU_GEMV"] == "omnilab-avx2"
+    assert os.environ["OMNILAB_CPU_GEMV"] == "torch"
+
+
+@pytest.mark.parametrize("argv, expect", [
+    ([], {"mode": "same-process", "rounds": 1, "configs": ("eager", "vllm", "vllm-workers"), "concurrency": (1, 4),
+          "chunks": (1, 25), "floor": True, "reference": "auto", "compile_talker": False}),
+    (["--fresh", "--configs", "eager,vllm+compiled"], {"mode": "fresh", "configs": ("eager", "vllm+compiled")}),
+    (["--interleave", "3", "--backends", "eager,vllm"], {"mode": "interleave", "rounds": 3}),
+    (["--compile", "on", "--no-floor", "--chunks", "profile", "--reference", "off"],
+     {"compile_talker": True, "floor": False, "chunks": (), "reference": "off"}),
+    (["--chunks", "1,2,4,25", "--concurrency", "1,2,4", "--requests", "6", "--talker-cpus", "0", "--code2wav-cpus", "1",
+      "--code2wav-chunks", "--sample", "--wait-flag-pct", "5"],
+     {"chunks": (1, 2, 4, 25), "concurrency": (1, 2, 4), "requests": 6, "talker_cpus": (0,), "code2wav_cpus": (1,),
+      "code2wav_chunks": True, "sample": True, "wait_flag_pct": 5.0}),
+])
+def test_cli_parses_every_mode(argv, expect):
+    cfg = bench.config_from_args(bench.parser().parse_args(argv))
+    assert {k: getattr(cfg, k) for k in expect} == expect
+    if cfg.chunks:
+        assert cfg.schedule().sizes(40)[:2] == [cfg.chunks[0], cfg.chunks[1]]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fresh", "--interleave", "2"], "not allowed with argument"),
+    (["--interleave", "2", "--configs", "eager,vllm-workers"], "in-process configurations only"),
+    (["--configs", "eager,bogus"], "unknown base 'bogus'"),
+    (["--concurrency", "0"], "concurrency"),
+    (["--chunks", "25"], "FIRST,"),
+])
+def test_cli_refuses_bad_arguments_with_a_clear_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.bench_main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_help_lists_every_option_with_help_and_default():
+    ap = bench.parser()
+    text = ap.format_help()
+    opts = [a for a in ap._actions if a.option_strings and a.dest != "help"]
+    assert len(opts) >= 25
+    for a in opts:
+        assert a.help and a.option_strings[0] in text
+    assert text.count("(default:") == len(opts)
+
+
+def test_summarize_point_arithmetic():
+    steps = [{"step_ms": 30.0, "rows": 2, "prefill": True, "talker_ms": 9.0, "predictor_ms": 20.0, "input_prep_ms": 0.1,
+              "sampling_ms": 0.1, "cycle_ms": 0.0, "schedule_ms": 0.0}]
+    steps += [{"step_ms": s, "rows": 2, "prefill": False, "talker_ms": 4.0, "predictor_ms": 15.0, "input_prep_ms": 0.1,
+               "sampling_ms": 0.2, "cycle_ms": 0.0, "schedule_ms": 0.0} for s in (20.0, 21.0, 25.0)]
+    pushes = [{"frames": 1, "ms": 6.0, "first": True}, {"frames": 1, "ms": 8.0, "first": True},
+              {"frames": 3, "ms": 9.0, "first": False}, {"frames": 3, "ms": 9.0, "first": False}]
+    run = drv.PointRun(2, [], steps, pushes, [40.0, 50.0], wall_s=0.5)
+    p, reqs = drv.summarize_point(run)
+    assert reqs == [] and p["frames"] == 8 and p["audio_s"] == pytest.approx(0.64)
+    assert p["decode_step_ms"] == 21.0 and p["prefill_step_ms"] == 30.0  # medians, the prefill step apart
+    assert (p["talker_forward_ms"], p["predictor_ms"]) == (4.0, 15.0)
+    assert p["overhead_ms"] == 2.0 and p["overhead_pct"] == pytest.approx(100 * 2 / 21)  # in-process: the client's step
+    assert p["first_chunk_ms"] == 7.0 and p["code2wav_ms_per_frame"] == pytest.approx(32 / 8)
+    assert p["ttfa_ms"] == 45.0 and p["frames_per_s"] == 16.0
+    assert p["talker_frames_per_s"] == pytest.approx(8 / 0.096) and p["steady_frames_per_s"] == pytest.approx(2e3 / 21)
+    run.talker_in_worker = True  # a worker: the overhead is taken against the worker's cycle
+    for s, cyc in zip(run.steps, (0.0, 22.0, 22.0, 30.0)):
+        s["cycle_ms"] = cyc
+    assert drv.summarize_point(run)[0]["overhead_ms"] == 3.0
+
+
+def test_derive_ratios_and_ceiling():
+    pt = lambda c, step, c2w, fps, tfps: {"concurrency": c, "decode_step_ms": step, "talker_forward_ms": 1.0,  # noqa: E731
+                                          "predictor_ms": 2.0, "overhead_pct": 1.0, "overhead_ms": 0.1,
+                                          "code2wav_ms_per_frame": c2w, "ttfa_ms": 9.0, "prefill_step_ms": 5.0,
+                                          "first_chunk_ms": 3.0, "rtf_mean": 0.5, "frames_per_s": fps,
+                                          "playback_start_ms_p50": 9.0, "stall_ms_p50": 0.0, "talker_frames_per_s": tfps,
+                                          "steady_frames_per_s": 1e3 * c / step}
+    r = be.derive({"points": [pt(1, 100.0, 20.0, 8.0, 9.0), pt(4, 125.0, 21.0, 20.0, 30.0)], "wait_pct": 3.0},
+                  {"floor_ms": 80.0, "talker_floor_ms": 0.5, "predictor_floor_ms": 1.0})
+    assert r["n_streams"] == 4 and r["speedup"] == 2.5 and r["talker_speedup"] == pytest.approx(30 / 9)
+    assert r["steady_speedup"] == pytest.approx(3.2)  # 4 rows per 125 ms against 1 per 100 ms
+    assert r["e2e_ceiling"] == pytest.approx(4 * (100 + 20) / (100 + 4 * 21))
+    assert r["step_floor_ratio"] == 1.25 and r["talker_vs_floor"] == 2.0 and r["predictor_vs_floor"] == 2.0
+    row = be.median_row("x", [r, {**r, "step_ms": 200.0}, {**r, "step_ms": 150.0}])
+    assert row["runs"] == 3 and row["step_ms"] == 150.0 and row["step_ms_range"] == [100.0, 200.0]
+    assert row["n_streams"] == 4 and isinstance(row["n_streams"], int)
+
+
+def test_wait_pct_and_table_flag():
+    a = {(1, 1): (100, 10), (1, 2): (50, 0), (1, 3): (5, 5)}
+    b = {(1, 1): (400, 60), (1, 2): (250, 0), (1, 4): (999, 999)}  # tid 3 ended, tid 4 started: neither counts
+    assert memory.wait_pct(a, b) == pytest.approx(100 * 50 / (500 + 50))
+    assert memory.wait_pct(a, a) is None
+    rows = [{"config": "quiet", "runs": 1, "step_ms": 140.0, "wait_pct": 4.0},
+            {"config": "busy", "runs": 1, "step_ms": 150.0, "wait_pct": 30.0}]
+    res = BenchResult(rows, None, None, {"settings": {"wait_flag_pct": 10.0}})
+    lines = res.table().splitlines()
+    assert lines[0].split(" | ")[:3] == ["config", "runs", "step ms"] and "RTF" not in lines[0]  # empty columns left out
+    assert lines[2].rstrip().endswith("4") and lines[3].rstrip().endswith("30 !")
+    assert res.noisy() == ["busy"] and "above 10 %" in lines[-1] and "busy" in lines[-1]
+
+
+def test_process_sampler_sees_this_process():
+    with memory.ProcessSampler(0.05) as m:
+        x = bytearray(b"\x01") * (64 * 2**20)  # touched pages (a zeroed allocation may not be resident)
+    s = m.summary()
+    assert s["peak_rss_gib"] * 2**30 >= len(x) and any(k.endswith(":client") for k in s["peak_rss_gib_by_process"])
+    with pytest.raises(ValueError, match="interval_s"):
+        memory.ProcessSampler(0)
+
+
+def test_interleaved_run_alternates_and_writes_one_row_per_configuration(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # --out defaults to ./omnilab-bench relative to the current directory
+    argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "eager,eager+torch-gemv", "--interleave", "2",
+            "--concurrency", "1,2", "--gemv-mib", "8", "--name", "il", *FAST]
+    d, out = _bench(argv, capsys)
+    assert (tmp_path / "omnilab-bench" / "il.json").is_file()
+    assert [r["order"] for r in d["rounds"]] == [["eager", "eager+torch-gemv"], ["eager+torch-gemv", "eager"]]
+    rows = d["rows"]
+    assert [r["config"] for r in rows] == ["eager", "eager+torch-gemv"] and all(r["runs"] == 2 for r in rows)
+    for col in _printed_columns(out, rows):  # every figure the table prints is in each row
+        assert all(set(col[1]) <= set(r) for r in rows), col[0]
+    assert rows[1]["gemv"].startswith("torch") and rows[0]["step_ratio"] == 1.0
+    pts = d["summary"]
+    assert sorted((p["config"], p["concurrency"], p["round"]) for p in pts) == sorted(
+        (c, n, r) for c in ("eager", "eager+torch-gemv") for n in (1, 2) for r in (1, 2))
+    assert len(d["requests"]) == 2 * 2 * (1 + 2)
+    assert all(1 <= q["frames"] <= 3 and q["finish_reason"] in ("length", "eos") for q in d["requests"])
+    for r in rows:
+        assert r["floor_ms"] > 0 and r["step_floor_ratio"] > 0 and r["n_streams"] == 2
+        assert 0 <= r["wait_pct"] <= 100 and r["pid"] == os.getpid()
+    assert d["meta"]["peak_rss_gib_all_configs"] > 0 and d["meta"]["bandwidth"]["gbps"] > 0
+    assert load_bench(tmp_path / "omnilab-bench" / "il.json").rows == rows
+
+
+def test_same_process_run_measures_code2wav_chunks_and_memory(tiny_ckpt, tmp_path, capsys):
+    argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "eager", "--concurrency", "1", "--no-floor",
+            "--code2wav-chunks", "--out", str(tmp_path), *FAST]
+    d, out = _bench(argv, capsys)
+    (row,) = d["rows"]
+    heads = next(ln for ln in out if ln.startswith("config "))
+    assert "c2w 100f ms/frame" in heads and "floor ms" not in heads and "stream step" not in heads
+    assert row["code2wav_100f_ms_per_frame"] > 0 and row["code2wav_1f_chunk_ms"] > 0
+    assert row["peak_rss_gib"] > 0.05 and row["init_s"] > 0 and "floor_ms" not in row
+    assert "bandwidth" not in d["meta"] and d["rounds"] == [{"round": 1, "order": ["eager"]}]
+
+
+def test_fresh_mode_runs_the_configuration_in_a_subprocess(tiny_ckpt, tmp_path, capsys):
+    argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "eager", "--fresh", "--concurrency", "1",
+            "--no-floor", "--out", str(tmp_path), *FAST]
+    d, _ = _bench(argv, capsys)
+    (row,) = d["rows"]
+    assert row["pid"] != os.getpid() and d["meta"]["children"]["eager"]["pid"] == row["pid"]
+    assert row["step_ms"] > 0 and d["rounds"][0]["fresh_processes"]
+
+
+def test_results_load_earlier_files_and_never_replace_committed_ones(tmp_path):
+    old = REPO / "data" / "bench" / "bench_tiny_float32_t1.json"
+    res = load_bench(old)
+    assert res.rows == [] and len(res.summary) > 0 and "<table" in res._repr_html_()
+    with pytest.raises(FileExistsError, match="committed"):
+        res.save(old.parent, old.stem)
+    assert res.save(tmp_path, "copy").is_file()
+    assert set(table_keys()) >= {"step_ms", "floor_ms", "wait_pct", "speedup"}
 
 
 def test_concurrent_driver_streams_every_request(tiny_pipe):
@@ -78,3 +291,25 @@ def test_concurrent_driver_streams_every_request(tiny_pipe):
     ms = [t.request_metrics() for t in traces]
     assert all(m["frames"] == 5 and m["num_chunks"] >= 2 for m in ms)
     assert not tiny_pipe.talker.has_unfinished() and tiny_pipe.code2wav.num_sessions == 0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_in_process_row(tiny_ckpt, tmp_path, capsys):
+    argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "vllm", "--concurrency", "1,2", "--no-floor",
+            "--out", str(tmp_path), *FAST]
+    d, _ = _bench(argv, capsys)
+    (row,) = d["rows"]
+    assert row["step_ms"] > 0 and 0 <= row["overhead_pct"] < 100 and row["speedup"] > 0
+    assert "talker" in row["processes"][str(os.getpid())]
+
+
+@pytest.mark.slow
+@pytest.mark.reference
+def test_reference_row(tiny_ckpt):
+    from omnilab.bench import reference
+
+    if not reference.reference_available():
+        pytest.skip(".venv-ref not found")
+    row = reference.reference_row(tiny_ckpt("custom_voice"), threads=1, frames=3)
+    assert row["step_ms"] > 0 and row["code2wav_ms_per_frame"] == row["code2wav_25f_ms_per_frame"] > 0

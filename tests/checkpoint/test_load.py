@@ -52,16 +52,18 @@ def test_loads_custom_voice_in_the_requested_dtype(ckpts, dtype):
 
     storage = m.talker.weight_storage  # fp32 compute may keep the streamed matrices in the file's bf16
     assert storage == weight_storage_choice(want) and (storage.bf16 is False or want == torch.float32)
-    for name, p in m.talker.named_parameters():
-        assert p.dtype == (torch.bfloat16 if storage.bf16 and talker_streamed_name(name) else want), name
+    for name, p in m.talker.named_parameters():  # and keeps the text and codec tables in bf16 (exact upcast)
+        bf16 = storage.bf16 and talker_streamed_name(name) or name in loading.UPCAST_TABLES
+        assert p.dtype == (torch.bfloat16 if bf16 else want), name
     assert m.talker.dtype == want
+    assert m.talker.embed_codec([1, 2]).dtype == m.talker.embed_text([1, 2]).dtype == want
     assert {p.dtype for p in m.code2wav.parameters()} == {torch.float32}
     assert m.speaker_encoder is None and m.mimi_encoder is None
     assert not any(p.requires_grad for p in m.talker.parameters()) and not m.talker.training
     assert m.config.tts_model_type == "custom_voice" and m.generation.max_new_tokens == 8192
     assert m.tokenizer.chat_wrap_ids("Hi")[:3] == [151644, 77091, 198]
     w = _file_tensor(ckpts["custom_voice"] / "model.safetensors", "talker.model.text_embedding.weight")
-    assert torch.equal(m.talker.model.text_embedding.weight, w.to(want))
+    assert torch.equal(m.talker.model.text_embedding.weight.to(want), w.to(want))
     d = _file_tensor(ckpts["custom_voice"] / "speech_tokenizer/model.safetensors", "decoder.pre_conv.conv.weight")
     assert torch.equal(m.code2wav.pre_conv.conv.weight, d)
     wav = m.code2wav(torch.randint(0, 2048, (1, 16, 3)))
@@ -91,6 +93,47 @@ def test_in_place_edits_do_not_touch_the_file(ckpts):
     before = _file_tensor(ckpts["custom_voice"] / "model.safetensors", "talker.codec_head.weight").clone()
     m.talker.codec_head.weight.add_(1.0)
     assert torch.equal(_file_tensor(ckpts["custom_voice"] / "model.safetensors", "talker.codec_head.weight"), before)
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> int:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for name, t in sa.items():
+        u = sb[name]
+        assert t.dtype == u.dtype and t.shape == u.shape and torch.equal(t, u), name
+        assert t.data_ptr() % 64 == 0 and u.data_ptr() % 64 == 0, f"{name} is not 64-byte aligned"
+    assert {type(m) for m in a.modules()} == {type(m) for m in b.modules()}  # upcast embeddings in both
+    return len(sa)
+
+
+@pytest.mark.parametrize("storage", ["auto", "compute"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("hugepages", ["off", "auto"])
+def test_client_and_worker_loads_are_identical(ckpts, monkeypatch, dtype, storage, hugepages):
+    """One strict loader: the client (``load_model``, memory-mapped) and the stage workers (``worker_weights``,
+    plain reads) get the same names, dtypes (bf16 storage, bf16 tables), values and 64-byte aligned data."""
+    from omnilab.checkpoint.worker_weights import load_code2wav_weights, load_talker_weights
+    from omnilab.kernels import hugepages as hp, storage as st
+
+    monkeypatch.setenv(st.ENV, storage)
+    monkeypatch.setenv(hp.ENV, hugepages)
+    path = ckpts["custom_voice"]
+    client = load_model(path, dtype=dtype)
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    assert _same_state(client.talker, load_talker_weights(path, client.config, want)) > 20
+    assert _same_state(client.code2wav, load_code2wav_weights(path, client.speech_config)) > 20
+    assert {t.dtype for t in client.talker.state_dict().values()} >= {want, torch.bfloat16}
+
+
+def test_worker_loader_names_bad_tensors_like_the_client(ckpts, tmp_path):
+    from omnilab.checkpoint.worker_weights import load_talker_weights
+    from omnilab.config import Qwen3TTSConfig
+
+    d = _copy(ckpts["custom_voice"], tmp_path / "depth")
+    _edit_config(d, num_hidden_layers=3)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors \(talker\): .*missing tensor\(s\): "
+                                              r"talker\.model\.layers\.2\."):
+        load_talker_weights(d, Qwen3TTSConfig.load(d / "config.json"), torch.float32)
 
 
 # ---- dtype ---------------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ import torch
 from safetensors import safe_open
 
 from omnilab.checkpoint import random as ck
-from omnilab.checkpoint.configs import config_json, geometry
-from omnilab.config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
+from omnilab.checkpoint.configs import CHECKPOINT_SIZES, config_json, geometry
+from omnilab.config import VARIANTS, GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from omnilab.errors import CheckpointError, ConfigError
+from omnilab.models import tiny
 
 RELEASED_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
@@ -109,6 +110,21 @@ def test_real_geometry_config_matches_the_released_copy():
     small = Qwen3TTSConfig.from_dict(json.loads(config_json("0.6b", "base")))
     assert small.talker.hidden_size == 1024 and not small.has_mtp_projection
     assert json.loads(config_json("0.6b", "base"))["speaker_encoder_config"] == {"enc_dim": 1024, "sample_rate": 24000}
+
+
+@pytest.mark.parametrize("size", CHECKPOINT_SIZES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_checkpoint_config_is_the_geometry_the_model_tests_use(size, variant):
+    """One copy of the talker widths (``models.tiny.TALKER_GEOMETRIES``): a random checkpoint's ``config.json``
+    parses to the same talker and code-predictor config that ``tiny.config`` builds for the model tests. (The
+    two were written apart and disagreed: predictor ``intermediate_size`` 96 in the model tests, 128 in the
+    tiny checkpoint.)"""
+    ckpt = Qwen3TTSConfig.from_dict(json.loads(config_json(size, variant)))
+    model = tiny.config(variant, geometry(size).model_size, geometry=tiny.TALKER_GEOMETRIES[size])
+    assert (ckpt.talker, ckpt.code_predictor) == (model.talker, model.code_predictor)
+    if size == "tiny":  # what the model tests build by default
+        default = tiny.config(variant, geometry(size).model_size)
+        assert (ckpt.talker, ckpt.code_predictor) == (default.talker, default.code_predictor)
 
 
 @pytest.mark.parametrize("variant", ["custom_voice", "base"])

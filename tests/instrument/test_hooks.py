@@ -151,14 +151,35 @@ def test_thread_usage_hook_is_reentrant_and_attached_to_the_pipeline(tiny_pipe):
     assert roles == {tiny_pipe.processes()[os.getpid()]}
 
 
-def test_progress_hook_counts_frames(tiny_pipe):
-    p = ProgressHook()
-    counted = []
-    p.on_span = (lambda orig: (lambda span: (counted.append(span.num_frames if span.name == "step" else 0),
-                                             orig(span))))(p.on_span)
+class _FakeBar:
+    """Stands in for ``tqdm.auto.tqdm``: records what the hook tells the bar."""
+    made: list["_FakeBar"] = []
+
+    def __init__(self, total=None, desc="", unit="", leave=True):
+        self.total, self.desc, self.unit, self.n, self.updates, self.closed = total, desc, unit, 0, [], False
+        _FakeBar.made.append(self)
+
+    def update(self, n=1):
+        self.updates.append(n)
+        self.n += n
+
+    def close(self):
+        self.closed = True
+
+
+def test_progress_hook_counts_frames(tiny_pipe, monkeypatch):
+    monkeypatch.setattr("tqdm.auto.tqdm", _FakeBar)
+    monkeypatch.setattr(_FakeBar, "made", [])
+    p = ProgressHook(desc="talker", total=6)
     with tiny_pipe.hooks.using(p):
         r = tiny_pipe.generate("Progress.", **KW)
-    assert sum(counted) == r.num_frames and p.bar is None
+        assert p.bar is None  # closed when the synthesis stopped
+        r2 = tiny_pipe.generate("Progress again, a bit longer.", **{**KW, "max_new_tokens": 9})
+    assert r.num_frames > 0 and r2.num_frames > 0
+    first, second = _FakeBar.made  # one bar per synthesis, each closed at its end
+    assert (first.total, first.desc, first.unit) == (6, "talker", "frame") and first.closed and second.closed
+    assert first.n == r.num_frames and second.n == r2.num_frames  # the frames of each run, nothing else
+    assert set(first.updates) == {1}  # one update per talker step of a lone request (one frame each)
 
 
 def test_cpu_list():

@@ -99,8 +99,22 @@ def _assert_consistent(trace: Trace, codes: np.ndarray, audio: np.ndarray, rid: 
     assert sum(c.num_frames for c in chunks) == len(codes)
     delivered = sum(s.attrs["audio_ms"] for s in own if s.name == "deliver")
     assert delivered == pytest.approx(1e3 * len(audio) / 24000)
-    for s in own:  # nested: every phase inside its step, every span inside the request
-        assert s.end_s >= s.start_s
+    # Nested, as Trace.check() claims: every span inside its parent and inside the request. All these spans
+    # are stamped by this process's perf_counter (the eager pipeline has no worker clock), so the only
+    # tolerance is float rounding of the laid-out phase ends: check()'s own 1 us.
+    tol_s = 1e-6
+    by_id = {s.span_id: s for s in trace.spans}
+    req = next(s for s in own if s.name == "request")
+    for s in own:
+        assert s.end_s >= s.start_s - tol_s, s
+        assert req.start_s - tol_s <= s.start_s and s.end_s <= req.end_s + tol_s, s
+        if s is req or s.attrs.get("remote"):
+            continue
+        parent = by_id.get(s.parent_id)
+        assert parent is not None and parent.request_id == rid, f"{s.name} span {s.span_id} has no parent"
+        assert parent.start_s - tol_s <= s.start_s and s.end_s <= parent.end_s + tol_s, (s, parent)
+        if s.name in ("prefill", "code_predictor", "input_prep", "talker_forward", "sampling"):
+            assert parent.name == "step", f"phase {s.name} nested in {parent.name}, not its step"
     names = {s.name for s in own}
     assert {"request", "admission", "step", "prefill", "code_predictor", "talker_forward", "code2wav_chunk",
             "deliver"} <= names

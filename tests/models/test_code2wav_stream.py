@@ -152,3 +152,25 @@ def test_chunk_schedule():
     for bad in (dict(first_frames=-1), dict(steady_frames=0), dict(ramp=(3, 0))):
         with pytest.raises(InputError):
             ChunkSchedule(**bad)
+
+
+def test_one_chunk_rule_for_the_pipeline_and_the_profile():
+    """``ChunkSchedule`` (what the pipeline streams with) and ``profiles.cost.chunk_schedule`` (the deploy
+    profile's ``chunk_sizes`` and the playback simulation) are one rule. They disagreed on ``first_frames=0``
+    (``[0, 25, 25]`` against ``[25, 25]``): 0 skips the first chunk, no chunk is empty."""
+    import random
+
+    from omnilab.profiles.cost import chunk_schedule
+
+    assert chunk_schedule(0, (), 25, 50) == ChunkSchedule(0, (), 25).sizes(50) == [25, 25]
+    rng = random.Random(13)
+    cases = [(f, r, s, t) for f in (0, 1, 2) for r in ((), (2,), (2, 4, 8)) for s in (1, 3, 25) for t in range(0, 40)]
+    cases += [(rng.randint(0, 30), tuple(rng.randint(1, 30) for _ in range(rng.randint(0, 5))), rng.randint(1, 50),
+               rng.randint(0, 500)) for _ in range(2000)]
+    for first, ramp, steady, total in cases:
+        s = ChunkSchedule(first, ramp, steady)
+        sizes = s.sizes(total)
+        assert sizes == chunk_schedule(first, ramp, steady, total), (first, ramp, steady, total)
+        assert sum(sizes) == total and all(n >= 1 for n in sizes), (first, ramp, steady, total)
+        # every chunk but the (cut) last is the unbounded stream's chunk of that index
+        assert sizes[:-1] == [s.chunk_frames(i) for i in range(len(sizes) - 1)]

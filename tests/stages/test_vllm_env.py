@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import clear_override_env
+import torch
 
 from omnilab.errors import ConfigError, InputError, UnsupportedError
 from omnilab.hardware import GiB
@@ -18,9 +20,7 @@ VARS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for k in list(os.environ):
-        if (k.startswith("OMNILAB_") and k != "OMNILAB_CACHE") or k in VARS:
-            monkeypatch.delenv(k)
+    clear_override_env(monkeypatch, VARS)
 
 
 # ---------------------------------------------------------------- plain Python: what the engine is given
@@ -96,6 +96,80 @@ def test_workers_without_a_profile_follow_the_bind_list():
     assert engine_cpu_env(d.talker, {"VLLM_CPU_OMP_THREADS_BIND": str(last)})["VLLM_CPU_OMP_THREADS_BIND"] == str(last)
     with pytest.raises(InputError, match="gives 2 tensor-parallel ranks"):
         VllmDeploy.multiprocess_default({"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+
+
+def _fixture(name: str):
+    from omnilab.hardware import probe_hardware
+    return probe_hardware(os.path.join(os.path.dirname(__file__), "..", "fixtures", "hardware", f"{name}.json"))
+
+
+def _tiny():
+    import json
+
+    from omnilab.checkpoint.configs import config_json
+    from omnilab.config import Qwen3TTSConfig
+    return Qwen3TTSConfig.from_dict(json.loads(config_json("tiny", "custom_voice")))
+
+
+@pytest.mark.parametrize("where", ["this machine", "split fixture", "nobind fixture"])
+def test_workers_start_from_the_profiles_to_env_and_engine_args(where):
+    """One road from a profile to the processes: the environment the talker engine's processes start with and
+    the ``EngineArgs`` it is built with (the pure builders ``_build_engine`` calls, no engine started) carry
+    every ``to_env("talker")`` value and every ``engine_args("talker")`` value they share; the code2wav worker
+    gets ``to_env("code2wav")``."""
+    from omnilab.hardware import probe_hardware
+    from omnilab.profiles import plan
+    from omnilab.stages.vllm.config import engine_env, engine_kwargs, kv_bytes_per_token
+    from omnilab.stages.vllm.deploy import VllmDeploy
+
+    cfg = _tiny()
+    if where == "this machine":
+        profile = plan(probe_hardware(), cfg, env={})  # the auto profile
+    elif where == "split fixture":
+        profile = plan(_fixture("xeon_2s_avx512_smt"), cfg, env={}, overrides={"mode": "split"})
+        assert profile.mode.value == "split"
+    else:
+        profile = plan(_fixture("vm2_avx2"), cfg, env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+        assert not profile.talker_pinned
+    d = VllmDeploy.from_profile(profile)  # deploy="workers"
+    env = engine_env(d.talker, {}, compile_predictor=False)
+    want_env = profile.to_env("talker")
+    assert {k: env.get(k) for k in want_env} == want_env
+    assert env["SPT_NOENV"] == "1"  # vLLM's setproctitle keeps off the environment block /proc/<pid>/environ shows
+    kwargs = engine_kwargs(d.talker, {}, model_dir="unused", dtype=profile.dtype.value,
+                           per_token_bytes=kv_bytes_per_token(cfg, getattr(torch, profile.dtype.value)))
+    args = profile.engine_args("talker")
+    shared = args.keys() & kwargs.keys()
+    assert {"dtype", "max_num_seqs", "max_model_len", "kv_cache_memory_bytes", "block_size", "enforce_eager",
+            "enable_prefix_caching"} <= shared
+    assert {k: kwargs[k] for k in shared} == {k: args[k] for k in shared}
+    assert dict(d.code2wav_env) == profile.to_env("code2wav")
+    assert (d.code2wav_cpus, d.code2wav_threads) == (profile.cpus("code2wav"), profile.threads("code2wav"))
+    inproc = VllmDeploy.from_profile(profile, multiprocess=False)  # no process is started: nothing to set
+    assert not inproc.talker.env and not inproc.code2wav_env
+    assert engine_kwargs(inproc.talker, {}, model_dir="unused", dtype=profile.dtype.value, per_token_bytes=1)[
+        "kv_cache_memory_bytes"] == args["kv_cache_memory_bytes"]
+
+
+def test_an_engine_config_that_disagrees_with_its_process_env_is_refused():
+    from omnilab.stages.vllm.config import engine_env, engine_kwargs
+
+    bound = VllmStageConfig(multiprocess=True, talker_cpus=(1,), talker_threads=1,
+                            env={"VLLM_CPU_OMP_THREADS_BIND": "2"})
+    with pytest.raises(ConfigError, match=r"sets VLLM_CPU_OMP_THREADS_BIND='2' .* but the engine config gives '1'"):
+        engine_env(bound, {}, compile_predictor=False)
+    sized = VllmStageConfig(multiprocess=True, kv_cache_memory_bytes=GiB, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    with pytest.raises(ConfigError, match="VLLM_CPU_KVCACHE_SPACE='2'"):
+        engine_kwargs(sized, {}, model_dir="unused", dtype="float32", per_token_bytes=1)
+    with pytest.raises(InputError, match="needs multiprocess=True"):
+        VllmStageConfig(env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.vllm
+def test_padded_head_sizes_are_the_installed_vllm_cpu_attentions():
+    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    from omnilab.profiles.cost import SUPPORTED_HEAD_SIZES
+    assert tuple(cpu_attn.CPUAttentionBackend.get_supported_head_sizes()) == SUPPORTED_HEAD_SIZES
 
 
 def test_predictor_compile_flag_reads_vllm_omni_inductor():

@@ -1,16 +1,18 @@
 """The vLLM backend under ``deploy_profile="auto"``: the default pipeline, and stage workers whose CPU
-affinity and threads, read back from the running processes, equal the plan."""
+affinity and threads, read back from the running processes, equal the plan, and whose start environment holds
+every ``profile.to_env(stage)`` value."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 import pytest
+from conftest import clear_override_env
 import torch
 
 pytest.importorskip("vllm")
 
-from omnilab.profiles.readback import compare_process, read_process  # noqa: E402
+from omnilab.profiles.readback import compare_process, process_environ, read_process  # noqa: E402
 
 from _vllm_common import TEXT  # noqa: E402
 
@@ -26,9 +28,7 @@ VLLM_VARS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NU
 def _no_profile_env(monkeypatch):
     """The plan here is the auto plan: no OMNILAB_* override and none of vLLM's CPU variables (tests of those
     are in test_vllm_env.py)."""
-    for k in list(os.environ):
-        if (k.startswith("OMNILAB_") and k != "OMNILAB_CACHE") or k in VLLM_VARS:
-            monkeypatch.delenv(k)
+    clear_override_env(monkeypatch, VLLM_VARS)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,12 @@ def test_workers_under_auto_profile_read_back_equal_the_plan(tiny_ckpt, eager_co
             maps = open(f"/proc/{roles[stage]}/maps").read()
             for lib in prof.preload.value:
                 assert os.path.realpath(lib) in maps or lib in maps, f"{lib} not loaded in the {stage} worker"
+        for stage in ("talker", "code2wav"):  # each worker started with the profile's to_env, value for value
+            started, want = process_environ(roles[stage]), prof.to_env(stage)
+            preload = want.pop("LD_PRELOAD", "")
+            assert {k: started.get(k) for k in want} == want, stage
+            # vLLM's CPU platform appends its libgomp / tcmalloc to LD_PRELOAD; the planned libraries stay in it
+            assert set(filter(None, preload.split(":"))) <= set(started.get("LD_PRELOAD", "").split(":")), stage
         c2w = pipe.code2wav.info()
         assert tuple(c2w["affinity"]) == prof.cpus("code2wav") and c2w["torch_threads"] == prof.threads("code2wav")
         assert c2w["snake"] == pipe.deployment.snake.label  # the code2wav worker runs the same SnakeBeta

@@ -224,9 +224,11 @@ def test_pipeline_vllm_backend_matches_eager(tiny_ckpt):
         np.testing.assert_array_equal(np.concatenate([c.audio for c in chunks]), ref_stream)
         # step-wise
         rid = pipe.talker.start(TEXT, **kw)
-        frames = []
+        frames, step_ids = [], []
         while pipe.talker.has_unfinished():
-            frames += [o.codes for o in pipe.talker.step().values() if o.codes is not None]
+            outs = pipe.talker.step()
+            step_ids.append((set(outs), {o.request_id for o in outs.values()}))
+            frames += [o.codes for o in outs.values() if o.codes is not None]
         np.testing.assert_array_equal(torch.stack(frames).numpy(), ref.codes)
         # cancelling a stream aborts it: no talker or decoder state left, next request unaffected
         it = pipe.stream(TEXT, **dict(kw, max_new_tokens=40))
@@ -235,6 +237,10 @@ def test_pipeline_vllm_backend_matches_eager(tiny_ckpt):
         assert pipe.talker.num_live == 0 and pipe.code2wav.num_sessions == 0
         assert pipe._talker.runner.tts_states == {}
         np.testing.assert_array_equal(pipe.generate(TEXT, **kw).codes, ref.codes)
-        assert rid
+        # the id start() returned keys every step's output (one FrameOutput per live request), has the
+        # pipeline's form, and is not one of the earlier requests' ids
+        assert rid.startswith("req-") and rid[4:].isdigit()
+        assert step_ids and all(ids == ({rid}, {rid}) for ids in step_ids)
+        assert rid not in {res.request_id, chunks[0].request_id} and res.request_id != chunks[0].request_id
     with pytest.raises(InputError, match="closed"):
         pipe.generate(TEXT, **kw)

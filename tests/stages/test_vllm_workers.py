@@ -111,14 +111,17 @@ def test_dead_worker_raises_then_close_stops_everything(pipe):
     pids = set(pipe.processes()) - {os.getpid()}
     talker_pid = next(pid for pid, r in pipe.processes().items() if r == "talker")
     rid = pipe.talker.start(TEXT, **dict(KW, max_new_tokens=200))
-    pipe.talker.step()
+    first = pipe.talker.step()
     os.kill(talker_pid, signal.SIGKILL)
     t0 = time.perf_counter()
     with pytest.raises(WorkerError):
         for _ in range(200):
             pipe.talker.step()
     assert time.perf_counter() - t0 < 15.0
-    assert rid
+    # the id start() returned keys the step's output (one FrameOutput per live request) and has the
+    # pipeline's form; earlier requests on this pipeline are finished, so it is the only live one
+    assert rid.startswith("req-") and rid[4:].isdigit()
+    assert set(first) == {rid} and first[rid].request_id == rid
     pipe.close()
     deadline = time.time() + 15
     while time.time() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"

@@ -33,17 +33,14 @@ def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: i
     import torch
 
     from omnilab.config import SAMPLES_PER_FRAME, SpeechTokenizerConfig
-    from omnilab.checkpoint.load import weight_files
-    from omnilab.models.code2wav import Code2Wav
     from omnilab.models.code2wav_stream import decode_chunks
-    from omnilab.checkpoint.worker_weights import load_prefixed, release_memory
+    from omnilab.checkpoint.worker_weights import load_code2wav_weights, release_memory
 
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     path = Path(checkpoint)
     speech = SpeechTokenizerConfig.load(path / "speech_tokenizer" / "config.json")
-    model = load_prefixed(lambda: Code2Wav(speech.decoder), weight_files(path / "speech_tokenizer", "model"),
-                          "decoder.", torch.float32).prepare()
+    model = load_code2wav_weights(path, speech).prepare()
     release_memory()
     states: dict[Any, Any] = {}
     conn.send(("ready", _info(states)))

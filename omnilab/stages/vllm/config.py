@@ -5,7 +5,14 @@ CUDA graphs, tensor/pipeline parallelism, speculative decoding, quantization, Lo
 :class:`~omnilab.errors.UnsupportedError`; a KV block size that vLLM's CPU attention cannot use raises
 :class:`~omnilab.errors.InputError`. ``gpu_memory_utilization`` is accepted with vLLM CPU's meaning (the
 worker takes that fraction of its NUMA node's memory and gives the KV cache what it does not use; an explicit
-``kv_cache_memory_bytes`` wins, as in vLLM). ``kv_bytes_per_token`` sizes the paged KV cache.
+``kv_cache_memory_bytes`` wins, as in vLLM). ``kv_bytes_per_token`` sizes the paged KV cache with the
+planner's formula (``omnilab.profiles.cost``: head size padded to ``SUPPORTED_HEAD_SIZES``, ``BLOCK_SIZE`` blocks
+plus vLLM's reserve block); ``block_size`` defaults to ``BLOCK_SIZE``.
+
+What the engine is built with comes from two pure functions, ``engine_kwargs`` (``EngineArgs`` keywords) and
+``engine_env`` (the environment its processes start with: ``VllmStageConfig.env``, a deploy profile's
+``to_env("talker")``, plus the CPU variables below, which must agree with it); tests compare both with the
+profile's ``engine_args`` / ``to_env`` without starting an engine.
 
 vLLM's CPU variables in this process's environment reach the engine as vLLM reads them, never unset:
 ``engine_kv_bytes`` / ``engine_cpu_env`` return the ``kv_cache_memory_bytes`` and the environment for the
@@ -15,17 +22,19 @@ in this environment already agrees): ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) is t
 ``all`` (vLLM < 0.10) reaches vLLM as ``nobind``; ``VLLM_CPU_NUM_OF_RESERVED_CPU`` must equal
 ``reserved_cpus``. ``compile_predictor_flag`` resolves the code-predictor compile flag: the argument, else
 ``OMNILAB_CPU_INDUCTOR``, else vllm-omni's ``VLLM_OMNI_CPU_INDUCTOR`` (both set: they must agree), else off.
-Plain Python: no vLLM import.
+Plain Python: no vLLM or torch import.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import torch
-
 from omnilab.errors import ConfigError, InputError, UnsupportedError
 from omnilab.hardware_info import GiB, format_cpulist
+from omnilab.profiles import cost
+from omnilab.profiles.cost import BLOCK_SIZE
+from omnilab.profiles.cost import padded_head_size  # noqa: F401 (stages/vllm/model.py imports it from here)
 
 WORKER_CLS = "omnilab.stages.vllm.worker.TalkerCPUWorker"
 _GPU_ONLY = {
@@ -51,7 +60,8 @@ class VllmStageConfig:
         reserved_cpus: CPUs vLLM keeps free for its engine-core process (``VLLM_CPU_NUM_OF_RESERVED_CPU``).
         kv_cache_memory_bytes: paged KV cache size (None: room for one ``max_model_len`` request, which
             several shorter ones share; vLLM needs at least that much).
-        block_size: KV block size in tokens (a multiple of 32 for vLLM's CPU attention).
+        block_size: KV block size in tokens (a multiple of 32 for vLLM's CPU attention); default
+            ``omnilab.profiles.cost.BLOCK_SIZE``, the size the planner budgets with.
         num_gpu_blocks_override: force the number of KV blocks (tests use it to force preemption).
         predictor_per_row: run the code predictor row by row (bitwise batch-invariant, slower).
         compile_predictor: torch.compile (inductor) the code predictor's layers; None = the
@@ -63,6 +73,9 @@ class VllmStageConfig:
             would otherwise take half of a CPU from whatever shares it (code2wav, the notebook).
         engine_kwargs: extra ``vllm.EngineArgs`` (GPU-only ones are refused; ``gpu_memory_utilization`` is a
             fraction of the worker's NUMA node memory, used when no KV size is given).
+        env: environment the engine's processes start with (multiprocess only): a deploy profile's
+            ``to_env("talker")`` (``VllmDeploy.from_profile``). The values this config implies for the same
+            variables (CPU binding, ``LD_PRELOAD``, the KV size) must agree with it (``ConfigError``).
     """
     multiprocess: bool = False
     talker_threads: int | None = None
@@ -72,7 +85,7 @@ class VllmStageConfig:
     kv_cache_memory_bytes: int | None = None
     max_num_seqs: int = 8
     max_model_len: int = 2048
-    block_size: int = 128
+    block_size: int = BLOCK_SIZE
     enable_chunked_prefill: bool = True
     max_num_batched_tokens: int | None = None
     num_gpu_blocks_override: int | None = None
@@ -83,6 +96,7 @@ class VllmStageConfig:
     engine_core_nice: int = 10
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     log_level: str = "WARNING"
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         for key, what in _GPU_ONLY.items():
@@ -99,6 +113,9 @@ class VllmStageConfig:
                              f"node memory (vLLM's CPU meaning)")
         if not self.pin_threads and self.talker_cpus is not None:
             raise InputError(f"pin_threads=False (nobind) takes no talker_cpus, got {self.talker_cpus}")
+        if self.env and not self.multiprocess:
+            raise InputError(f"env sets the environment of the engine's processes; it needs multiprocess=True "
+                             f"(got {sorted(self.env)})")
         if self.block_size % 32:
             raise InputError(f"block_size must be a multiple of 32 for vLLM's CPU attention (got {self.block_size})")
         if self.talker_cpus is not None and self.talker_threads is not None and \
@@ -106,22 +123,11 @@ class VllmStageConfig:
             raise InputError(f"talker_threads={self.talker_threads} but talker_cpus has {len(self.talker_cpus)} CPUs")
 
 
-SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM CPU_ATTN
-
-
-def padded_head_size(head_dim: int) -> int:
-    """Smallest head size vLLM's CPU attention supports that holds ``head_dim`` (zero padding)."""
-    for s in SUPPORTED_HEAD_SIZES:
-        if s >= head_dim:
-            return s
-    raise InputError(f"head_dim {head_dim} is larger than vLLM's CPU attention supports")
-
-
-def kv_bytes_per_token(tts_config: Any, dtype: torch.dtype) -> int:
-    """Paged KV cache bytes per token of one request (all layers, keys and values)."""
+def kv_bytes_per_token(tts_config: Any, dtype: Any) -> int:
+    """Paged KV cache bytes per token of one request (all layers, keys and values): the planner's formula,
+    :func:`omnilab.profiles.cost.kv_bytes_per_token` (head size padded), for a ``torch.dtype``."""
     tc = tts_config.talker
-    return 2 * tc.num_hidden_layers * tc.num_key_value_heads * padded_head_size(tc.head_dim) * \
-        torch.empty(0, dtype=dtype).element_size()
+    return cost.kv_bytes_per_token(tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim, dtype.itemsize)
 
 
 # ---------------------------------------------------------------- vLLM's CPU variables and the engine
@@ -207,3 +213,72 @@ def engine_cpu_env(c: VllmStageConfig, environ: Mapping[str, str]) -> dict[str, 
                               f"unset one")
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(c.reserved_cpus)
     return env
+
+
+# ---------------------------------------------------------------- what the engine is built with (pure)
+# The directory holding the ``omnilab`` package (``omnilab/stages/vllm/config.py`` -> four levels up), put on
+# the engine processes' PYTHONPATH so that they import this omnilab.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _agree(env: Mapping[str, str], var: str, value: str, what: str) -> None:
+    if var in env and env[var] != value:
+        raise ConfigError(f"the talker's process environment sets {var}={env[var]!r} (the deploy profile's "
+                          f"to_env('talker')) but {what} gives {value!r}; build the config from one profile")
+
+
+def engine_env(c: VllmStageConfig, environ: Mapping[str, str], *,
+               compile_predictor: bool) -> dict[str, str | None]:
+    """Variables to set (str) or unset (None) while the engine is built; in multiprocess mode its processes
+    start with them. Multiprocess: ``c.env`` (a profile's ``to_env("talker")``, every key as given), the CPU
+    variables of :func:`engine_cpu_env` (checked against ``environ`` and against ``c.env``), ``LD_PRELOAD``,
+    ``SPT_NOENV`` and ``PYTHONPATH``. In-process: only omnilab's and vLLM's switches (nothing that binds
+    this process)."""
+    env: dict[str, str | None] = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if c.multiprocess else "0",
+        "OMNILAB_VLLM_PREDICTOR_PER_ROW": "1" if c.predictor_per_row else None,
+        "OMNILAB_CPU_INDUCTOR": "1" if compile_predictor else "0",  # what the runner reads
+        "VLLM_USE_V2_MODEL_RUNNER": None,
+    }
+    if not c.multiprocess:
+        return env
+    cpu = engine_cpu_env(c, environ)
+    if c.preload:
+        cpu["LD_PRELOAD"] = ":".join(c.preload)
+    for var, value in cpu.items():
+        _agree(c.env, var, value, "the engine config")
+    env.update(c.env)
+    env.update(cpu)
+    if not environ.get("SPT_NOENV"):
+        # vLLM names its processes with setproctitle, which otherwise writes over the start of the environment
+        # block the kernel shows as /proc/<pid>/environ; this keeps the start environment readable (readback)
+        env["SPT_NOENV"] = "1"
+    pp = environ.get("PYTHONPATH", "")
+    if PACKAGE_PARENT not in pp.split(os.pathsep):
+        env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + pp if pp else "")
+    return env
+
+
+def engine_kwargs(c: VllmStageConfig, environ: Mapping[str, str], *, model_dir: str, dtype: str,
+                  per_token_bytes: int) -> dict[str, Any]:
+    """``vllm.EngineArgs`` keywords for the talker engine. The KV size is :func:`engine_kv_bytes` with, when no
+    size is configured, room for one ``max_model_len`` request (``cost.kv_cache_bytes_for``, the planner's
+    rule); a ``VLLM_CPU_KVCACHE_SPACE`` in ``c.env`` must give the same size."""
+    derived = cost.kv_cache_bytes_for(per_token_bytes, 1, c.max_model_len, c.block_size)
+    kv = engine_kv_bytes(c, derived, environ)
+    if c.multiprocess and _set_var(c.env, "VLLM_CPU_KVCACHE_SPACE") is not None:
+        theirs = engine_kv_bytes(c, derived, c.env)  # what vLLM applies in the engine's processes
+        if theirs != kv:
+            _agree(c.env, "VLLM_CPU_KVCACHE_SPACE", f"{kv} B", "the engine's KV size")
+    kwargs: dict[str, Any] = dict(
+        model=model_dir, skip_tokenizer_init=True, dtype=dtype, max_model_len=c.max_model_len,
+        enforce_eager=c.enforce_eager, enable_prompt_embeds=not c.enforce_eager, enable_prefix_caching=False,
+        worker_cls=WORKER_CLS, load_format="omnilab", kv_cache_memory_bytes=None if kv is None else int(kv),
+        max_num_seqs=c.max_num_seqs, block_size=c.block_size, enable_chunked_prefill=c.enable_chunked_prefill,
+        generation_config="vllm", hf_overrides={}, seed=0, disable_log_stats=True)
+    if c.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
+    if c.num_gpu_blocks_override is not None:
+        kwargs["num_gpu_blocks_override"] = c.num_gpu_blocks_override
+    kwargs.update(c.engine_kwargs)
+    return kwargs

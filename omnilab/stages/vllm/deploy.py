@@ -5,10 +5,12 @@ Contract:
   and where code2wav runs: ``"process"`` (:class:`~omnilab.stages.code2wav.worker.Code2WavWorker`, its own
   CPUs/threads), ``"inprocess"`` (:class:`~omnilab.stages.code2wav.stage.Code2WavStage`), or ``"auto"``
   (a process exactly when the talker is multiprocess).
-- ``VllmDeploy.from_profile(profile)`` takes a :class:`omnilab.profiles.DeployProfile` (threads, CPU lists,
-  KV bytes, max_num_seqs, max_model_len); ``resolve_deploy(spec)`` accepts None (in-process talker),
-  ``"multiprocess"``, a ``VllmDeploy``, a ``VllmStageConfig``, a ``DeployProfile`` or a dict of
-  ``VllmStageConfig`` fields plus ``code2wav``/``code2wav_cpus``/``code2wav_threads``.
+- ``VllmDeploy.from_profile(profile)`` takes a :class:`omnilab.profiles.DeployProfile`: the engine's sizes
+  from ``profile.engine_args("talker")``, the environment of the talker's and code2wav's processes from
+  ``profile.to_env(stage)`` (workers start with exactly those values), CPU lists and threads.
+  ``VllmDeploy.multiprocess_default()`` is the no-profile default only. ``resolve_deploy(spec)`` accepts
+  None (in-process talker), ``"multiprocess"``, a ``VllmDeploy`` (returned as is), a ``VllmStageConfig``, a
+  ``DeployProfile`` or a dict of ``VllmStageConfig`` fields plus ``code2wav``/``code2wav_cpus``/``code2wav_threads``.
 - ``client_load_options(deploy)`` says which modules the client must load (``load_model`` keywords: not
   the talker when it runs in a worker process, not code2wav when that does). ``build_stages(model, deploy)
   -> (talker_stage, code2wav_stage)``; it also drops (``= None``) modules a worker holds, if they were
@@ -46,9 +48,10 @@ class VllmDeploy:
 
     @classmethod
     def multiprocess_default(cls, environ: Mapping[str, str] | None = None) -> "VllmDeploy":
-        """Without a profile: the talker worker on ``VLLM_CPU_OMP_THREADS_BIND``'s CPU list when the environment
-        sets one (one rank), else on all CPUs of this process's mask but the last; code2wav on the last CPU
-        not given to the talker (2+ CPUs)."""
+        """The no-profile default (``deploy_profile=None`` with ``deploy="workers"``, or ``"multiprocess"``):
+        the talker worker on ``VLLM_CPU_OMP_THREADS_BIND``'s CPU list when the environment sets one (one
+        rank), else on all CPUs of this process's mask but the last; code2wav on the last CPU not given to
+        the talker (2+ CPUs). With a profile, :meth:`from_profile` is the only road."""
         from omnilab.profiles.overrides import parse_bind
         environ = os.environ if environ is None else environ
         cpus = sorted(os.sched_getaffinity(0))
@@ -71,24 +74,30 @@ class VllmDeploy:
 
     @classmethod
     def from_profile(cls, profile: Any, *, multiprocess: bool = True, **talker_overrides: Any) -> "VllmDeploy":
-        """From an ``omnilab.profiles.DeployProfile``: stage CPU lists and threads, KV bytes, limits."""
-        v = profile.values()
-        if v.get("talker_tp_size", 1) != 1:
+        """From an ``omnilab.profiles.DeployProfile``, the one road from a profile to the processes: the talker
+        engine's sizes from ``profile.engine_args("talker")``; with ``multiprocess``, the environment its
+        processes start with is ``profile.to_env("talker")`` and the code2wav worker's ``to_env("code2wav")``
+        (what ``to_env`` shows is what the workers get); CPU lists and threads from the profile."""
+        args = profile.engine_args("talker")
+        if args.get("tensor_parallel_size", 1) != 1:
             raise InputError("a tensor-parallel talker (talker_tp_size > 1) is not supported by this stage")
-        preload = tuple(v.get("preload") or ())
-        pinned = getattr(profile, "talker_pinned", True)  # False: nobind, the worker's threads are not pinned
+        preload = tuple(profile.preload.value or ())
+        pinned = profile.talker_pinned  # False: nobind, the worker's threads are not pinned
         talker = VllmStageConfig(
             multiprocess=multiprocess, talker_cpus=tuple(profile.cpus("talker")) if multiprocess and pinned else None,
             pin_threads=pinned, talker_threads=profile.threads("talker"),
-            kv_cache_memory_bytes=int(v["kv_cache_bytes"]),
-            max_num_seqs=int(v["max_num_seqs"]), max_model_len=int(v["max_model_len"]),
-            preload=preload if multiprocess else (), **talker_overrides)
+            kv_cache_memory_bytes=int(args["kv_cache_memory_bytes"]), max_num_seqs=int(args["max_num_seqs"]),
+            max_model_len=int(args["max_model_len"]), block_size=int(args["block_size"]),
+            enforce_eager=bool(args["enforce_eager"]), preload=preload if multiprocess else (),
+            env=profile.to_env("talker") if multiprocess else {}, **talker_overrides)
         return cls(talker, code2wav="process" if multiprocess else "inprocess",
                    code2wav_cpus=tuple(profile.cpus("code2wav")), code2wav_threads=profile.threads("code2wav"),
-                   code2wav_env={"LD_PRELOAD": ":".join(preload)} if preload and multiprocess else {})
+                   code2wav_env=profile.to_env("code2wav") if multiprocess else {})
 
 
 def resolve_deploy(spec: Any = None) -> VllmDeploy:
+    """A ``VllmDeploy`` for ``spec`` (see the module docstring); a ``VllmDeploy`` comes back as is, so resolve a
+    spec once and pass the result on (``deployment.prepare`` does)."""
     if spec is None:
         return VllmDeploy()
     if isinstance(spec, VllmDeploy):

@@ -34,8 +34,8 @@ from omnilab.errors import InputError, UnsupportedError, WorkerError
 from omnilab.models.prompt import PromptRequest, prompt_length
 from omnilab.sampling import SamplingParams
 from omnilab.stages.vllm import payload as vllm_payload
-from omnilab.stages.vllm.config import (WORKER_CLS, VllmStageConfig, compile_predictor_flag, engine_cpu_env,
-                                        engine_kv_bytes, kv_bytes_per_token)
+from omnilab.stages.vllm.config import (VllmStageConfig, compile_predictor_flag, engine_env, engine_kwargs,
+                                        kv_bytes_per_token)
 from omnilab.stages._env import temporary_environ
 
 __all__ = ["VllmTalkerStage", "VllmStageConfig", "VllmFrameOutput"]
@@ -119,45 +119,22 @@ class VllmTalkerStage:
 
         register()
         dtype = "float32" if m.dtype == torch.float32 else "bfloat16"
-        # vLLM's CPU variables stay set and reach the engine; the KV size and the binding agree with them
-        kv = engine_kv_bytes(c, kv_bytes_per_token(m.config, m.dtype) * (c.max_model_len + c.block_size), os.environ)
         compile_flag, compile_source = compile_predictor_flag(c.compile_predictor, os.environ)
         self.compile_predictor = (compile_flag, compile_source)
-        hf_overrides = {}
-        if not c.multiprocess and m.talker is not None:
-            from omnilab.stages.vllm.model import share_talker
-            self._share_key = share_talker(m.talker)
-            hf_overrides["omnilab_share_key"] = self._share_key
-        kwargs = dict(
-            model=str(view_dir(m.path)), skip_tokenizer_init=True, dtype=dtype, max_model_len=c.max_model_len,
-            enforce_eager=c.enforce_eager, enable_prompt_embeds=not c.enforce_eager, enable_prefix_caching=False,
-            worker_cls=WORKER_CLS, load_format="omnilab", kv_cache_memory_bytes=None if kv is None else int(kv),
-            max_num_seqs=c.max_num_seqs, block_size=c.block_size, enable_chunked_prefill=c.enable_chunked_prefill,
-            generation_config="vllm", hf_overrides=hf_overrides, seed=0, disable_log_stats=True)
-        if c.max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
-        if c.num_gpu_blocks_override is not None:
-            kwargs["num_gpu_blocks_override"] = c.num_gpu_blocks_override
-        kwargs.update(c.engine_kwargs)
-        env: dict[str, str | None] = {
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if c.multiprocess else "0",
-            "OMNILAB_VLLM_PREDICTOR_PER_ROW": "1" if c.predictor_per_row else None,
-            "OMNILAB_CPU_INDUCTOR": "1" if compile_flag else "0",  # what the runner reads
-            "VLLM_USE_V2_MODEL_RUNNER": None,
-        }
-        if c.multiprocess:
-            env.update(engine_cpu_env(c, os.environ))
-            if c.preload:
-                env["LD_PRELOAD"] = ":".join(c.preload)
-            pp = os.environ.get("PYTHONPATH", "")
-            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-            if root not in pp.split(os.pathsep):
-                env["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
+        # vLLM's CPU variables stay set and reach the engine; the KV size and the binding agree with them, and
+        # the engine's processes start with the profile's environment (c.env): config.engine_kwargs / engine_env
+        kwargs = engine_kwargs(c, os.environ, model_dir=str(view_dir(m.path)), dtype=dtype,
+                               per_token_bytes=kv_bytes_per_token(m.config, m.dtype))
+        env = engine_env(c, os.environ, compile_predictor=compile_flag)
         set_threads = torch.set_num_threads
         if not c.multiprocess and c.talker_threads is not None:
             torch.set_num_threads(c.talker_threads)
         vllm.envs.disable_envs_cache()
         try:
+            if not c.multiprocess and m.talker is not None:
+                from omnilab.stages.vllm.model import share_talker
+                self._share_key = share_talker(m.talker)
+                kwargs["hf_overrides"] = {**kwargs["hf_overrides"], "omnilab_share_key": self._share_key}
             with temporary_environ(env):
                 engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
         finally:

@@ -13,9 +13,10 @@ Contract (three vLLM runner methods overridden, each calling ``super()``; see do
   repetition penalty over generated c0 only, EOS masked below ``min_new_tokens``, ids >= 2048 except EOS
   suppressed; then HF warpers and one ``torch.Generator`` per request, drawn in the reference order).
   Rows that vLLM will discard (partial prefill chunks) draw nothing.
-- ``sample_tokens``: after ``super()``, runs the KV-cached code predictor batched over all rows that
-  sampled a non-EOS c0 (or row by row, ``predictor_per_row``) on their last hidden states, stores the
-  frame and its next input vector, and returns one :mod:`~omnilab.stages.vllm.payload` record per row in
+- ``sample_tokens``: after ``super()``, runs the frame recurrence (:func:`omnilab.models.frame.next_frames`,
+  the one the eager engine calls: KV-cached code predictor batched over all rows that sampled a non-EOS
+  c0, or row by row with ``predictor_per_row``) on their last hidden states, stores the frame and its
+  next input vector, and returns one :mod:`~omnilab.stages.vllm.payload` record per row in
   ``ModelRunnerOutput.pooler_output``.
 - State is freed when a request samples EOS or reaches its token limit, on ``finished_req_ids`` and on
   :meth:`release` (client aborts).
@@ -33,6 +34,7 @@ from vllm.v1.outputs import SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 from omnilab.kernels import gemv_choice
+from omnilab.models import frame
 from omnilab.models.prompt import Prompt, build_prompt
 from omnilab.sampling import SamplingParams, sample_rows, talker_scores
 from omnilab.stages.vllm import payload as vllm_payload
@@ -223,10 +225,7 @@ class TalkerCPUModelRunner(CPUModelRunner):
                 done.append(rid)
             else:
                 frame_rows.append(i)
-        t0 = time.perf_counter()
-        frames = self._predict(hidden, out, frame_rows)  # [b, 16]
-        self._timing["predictor_ms"] = 1e3 * (time.perf_counter() - t0)
-        self._store_frames(out, frame_rows, frames)
+        self._predict(hidden, out, frame_rows)  # frame + next input vector per row
         want_hidden = self.return_hidden
         # whole worker cycle of this step: idle gap before it + execute_model + sample_tokens
         self._timing["cycle_ms"] = self._timing["engine_ms"] + 1e3 * (time.perf_counter() - self._t_exec0)
@@ -257,41 +256,24 @@ class TalkerCPUModelRunner(CPUModelRunner):
         self._compiled = True
         compile_mlps(self.talker.code_predictor)
 
-    def _predict(self, hidden: torch.Tensor, out, rows: list[int]) -> torch.Tensor:
+    def _predict(self, hidden: torch.Tensor, out, rows: list[int]) -> None:
+        """Frame k of each row in ``rows`` (sampled a non-EOS c0) and its next talker input vector, appended
+        to the row's state (:func:`omnilab.models.frame.next_frames`: batched, or row by row)."""
         if not rows:
-            return torch.empty(0, 16, dtype=torch.long)
+            self._timing["predictor_ms"] = 0.0
+            return
         if self.compile_predictor and not self._compiled:
             self._compile_predictor()
-        talker = self.talker
         states = [self.tts_states[out.req_ids[i]] for i in rows]
         c0 = torch.tensor([s.generated[-1] for s in states], dtype=torch.long)
-        h = hidden[rows]
-        warps = [s.params.subtalker_warp for s in states]
-        gens = [s.generator for s in states]
-        timings: dict[str, float] = {}
-        cp = talker.code_predictor
-        if self.predictor_per_row or len(rows) == 1:
-            rest = torch.cat([cp.generate(h[j:j + 1], talker.model.codec_embedding(c0[j:j + 1]), warps[j:j + 1],
-                                          gens[j:j + 1], timings) for j in range(len(rows))])
-        else:
-            rest = cp.generate(h, talker.model.codec_embedding(c0), warps, gens, timings)
-        self._timing["sampling_ms"] = self._timing.get("sampling_ms", 0.0) + timings.get("sampling_ms", 0.0)
-        return torch.cat([c0[:, None], rest], dim=1)
-
-    def _store_frames(self, out, rows: list[int], frames: torch.Tensor) -> None:
-        """Append each row's frame and its next talker input vector (frame sum + text track)."""
-        if not rows:
-            return
-        states = [self.tts_states[out.req_ids[i]] for i in rows]
-        emb = self.talker.embed_frame(frames)  # [b, H]
-        text = []
-        for st in states:
-            k, trailing = len(st.frames), st.prompt.trailing
-            text.append(trailing[k] if k < trailing.shape[0] else st.prompt.tts_pad)
-        emb = emb + torch.stack(text)
+        fs = frame.next_frames(self.talker, hidden[rows], c0, [s.prompt for s in states],
+                               [len(s.frames) for s in states], [s.params for s in states],
+                               [s.generator for s in states], per_row=self.predictor_per_row)
         for j, st in enumerate(states):
-            st.frames.append(frames[j].clone())
-            st.inputs.append(emb[j].clone())
+            st.frames.append(fs.codes[j].clone())
+            st.inputs.append(fs.inputs[j].clone())
+        self._timing["predictor_ms"] = fs.predictor_ms
+        self._timing["sampling_ms"] = self._timing.get("sampling_ms", 0.0) + fs.sampling_ms
 
     # ---- introspection (worker RPCs) ------------------------------------------------------------------------
     def tts_summary(self) -> dict[str, Any]:

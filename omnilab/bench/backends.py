@@ -1,0 +1,261 @@
+"""The configurations ``omnilab bench`` runs side by side: names, how each is built, what one run of it measures.
+
+A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g. ``vllm+torch-gemv+compiled``:
+
+- bases (``BASES``): ``eager`` (plain torch in this process), ``vllm`` (vLLM's engine in this process,
+  lock-step, code2wav in this process), ``vllm-workers`` (engine core + talker worker + code2wav worker;
+  without ``--talker-cpus``/``--code2wav-cpus``, CPUs and threads from the auto deploy profile, as users get).
+- modifiers (``MODIFIERS``): ``+compiled`` (vLLM's torch.compile path for the talker, ``enforce_eager=False``),
+  ``+inductor`` (the code predictor's MLPs compiled by inductor), and environment switches set while the
+  configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
+  ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``. ``vllm-compiled``, ``vllm-inductor`` and
+  ``vllm-workers-inductor`` (the former script's names) are aliases.
+
+``measure`` runs one round of a built configuration: a warm-up request, then each concurrency point
+(``drivers.run_point``; 1 stream always, the base of the N-stream ratios) with the run-queue wait of each
+window; ``derive`` turns a round into the flat figures of a table row (``results.table_keys()``); ``median_row``
+takes the median of each figure over rounds.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from omnilab.bench import drivers as drv
+from omnilab.bench.memory import schedstat_snapshot, wait_pct
+from omnilab.bench.results import table_keys
+
+BASES = {
+    "eager": "plain torch in this process (talker + predictor + code2wav), --threads torch threads",
+    "vllm": "vLLM engine in this process (lock-step), code2wav in this process, --threads torch threads",
+    "vllm-workers": "vLLM engine-core + talker worker + code2wav worker processes; CPUs and threads from the auto "
+                    "deploy profile unless --talker-cpus / --code2wav-cpus (--threads = talker threads)",
+}
+MODIFIERS: dict[str, dict[str, str]] = {
+    "+compiled": {},  # vLLM's torch.compile path for the talker (vllm bases only)
+    "+inductor": {},  # the code predictor's MLPs compiled by inductor (vllm bases only)
+    "+torch-gemv": {"OMNILAB_CPU_GEMV": "torch"},  # every linear on torch (MKL), fp32 copies of the decode matrices
+    "+avx2-gemv": {"OMNILAB_CPU_GEMV": "omnilab-avx2"},  # the AVX2 build of the GEMV kernel
+    "+avx2-kernels": {"OMNILAB_CPU_GEMV": "omnilab-avx2", "OMNILAB_CPU_SNAKE": "omnilab-avx2"},  # both AVX2 builds
+    "+torch-snake": {"OMNILAB_CPU_SNAKE": "torch"},  # code2wav's SnakeBeta as torch's 4 passes
+    "+fp32-weights": {"OMNILAB_DECODE_WEIGHTS": "compute"},  # fp32 copies of the bf16 decode matrices
+    "+huge-pages": {"OMNILAB_HUGEPAGES": "on"},  # decode weights in a huge-page arena
+}
+ALIASES = {"vllm-compiled": "vllm+compiled", "vllm-inductor": "vllm+inductor",
+           "vllm-workers-inductor": "vllm-workers+inductor"}
+MODIFIER_VARS = tuple(sorted({v for env in MODIFIERS.values() for v in env}))
+ISA_VARS = ("MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # caps to emulate an AVX2 CPU
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: ``name`` as given, its ``base``, compile switches and modifier environment."""
+    name: str
+    base: str
+    compile_talker: bool = False
+    compile_predictor: bool = False
+    env: dict = field(default_factory=dict)
+
+    @property
+    def workers(self) -> bool:
+        return self.base == "vllm-workers"
+
+
+def parse_config(name: str, compile_talker: bool = False) -> Config:
+    """``"vllm+torch-gemv+compiled"`` -> ``Config(base="vllm", compile_talker=True, env={OMNILAB_CPU_GEMV: torch})``.
+    ``compile_talker`` (``--compile on``) adds ``+compiled`` to every vllm configuration."""
+    full = name.strip()
+    base, *mods = ALIASES.get(full.split("+")[0], full.split("+")[0]).split("+")
+    mods = mods + full.split("+")[1:]
+    if base not in BASES:
+        raise ValueError(f"configuration {name!r}: unknown base {base!r}; accepted: {', '.join(BASES)} (aliases "
+                         f"{', '.join(ALIASES)}), each with optional suffixes {', '.join(MODIFIERS)}")
+    env: dict[str, str] = {}
+    for m in mods:
+        if "+" + m not in MODIFIERS:
+            raise ValueError(f"configuration {name!r}: unknown suffix '+{m}'; accepted: {', '.join(MODIFIERS)}")
+        env.update(MODIFIERS["+" + m])
+    compiled, inductor = "compiled" in mods, "inductor" in mods
+    if base == "eager" and (compiled or inductor):
+        raise ValueError(f"configuration {name!r}: +compiled / +inductor apply to the vllm bases only")
+    return Config(full, base, compiled or (compile_talker and base != "eager"), inductor, env)
+
+
+@contextlib.contextmanager
+def config_env(cfg: Config) -> Iterator[None]:
+    """The configuration's modifier variables over the environment this process started with (a variable
+    the user exported stays unless a modifier sets it); the kernel choices are re-resolved on entry and exit."""
+    from omnilab.kernels import gemv, snake
+
+    saved = {v: os.environ.get(v) for v in MODIFIER_VARS}
+    os.environ.update(cfg.env)
+    gemv.reset()
+    snake.reset()
+    try:
+        yield
+    finally:
+        for v, old in saved.items():
+            if old is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = old
+        gemv.reset()
+        snake.reset()
+
+
+@contextlib.contextmanager
+def kernel_modes(cfg: Config) -> Iterator[None]:
+    """This configuration's GEMV and SnakeBeta modes for the block (``--interleave`` switches them per run;
+    weight placement and storage are fixed when the configuration is built)."""
+    from omnilab.kernels import use_gemv
+    from omnilab.kernels.snake import use_snake
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(use_gemv(cfg.env.get("OMNILAB_CPU_GEMV", os.environ.get("OMNILAB_CPU_GEMV", "auto"))))
+        stack.enter_context(use_snake(cfg.env.get("OMNILAB_CPU_SNAKE", os.environ.get("OMNILAB_CPU_SNAKE", "auto"))))
+        yield
+
+
+def build(cfg: Config, ckpt: Path, s: Any):
+    """A ``Pipeline`` for ``cfg`` on ``ckpt`` (``s``: the ``BenchConfig``; call inside ``config_env(cfg)``)."""
+    import torch
+
+    from omnilab.pipeline import Pipeline
+
+    max_conc = max(s.concurrency)
+    if cfg.base == "eager":
+        return Pipeline.from_pretrained(ckpt, backend="eager", dtype=s.dtype, num_threads=s.threads, deploy_profile=None)
+    from omnilab.stages.vllm.config import VllmStageConfig
+    from omnilab.stages.vllm.deploy import VllmDeploy
+
+    common = dict(max_model_len=s.max_model_len, block_size=128, enforce_eager=not cfg.compile_talker,
+                  compile_predictor=cfg.compile_predictor, max_num_seqs=max_conc)
+    if cfg.workers:
+        if s.talker_cpus is None and s.code2wav_cpus is None:  # what users get: the auto profile
+            from omnilab.deployment import prepare
+
+            d = prepare(Path(ckpt), backend="vllm", deploy="workers", dtype=s.dtype, num_threads=s.threads,
+                        max_concurrency=max_conc).vllm_deploy
+            # the profile's KV budget stays (the workers' environment is derived from it and must agree)
+            talker = dataclasses.replace(d.talker, max_model_len=s.max_model_len, enforce_eager=not cfg.compile_talker,
+                                         compile_predictor=cfg.compile_predictor)
+            return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=s.dtype, deploy=dataclasses.replace(d, talker=talker))
+        cpus = sorted(os.sched_getaffinity(0))
+        talker_cpus = tuple(cpus[:s.threads]) if s.talker_cpus is None else tuple(s.talker_cpus)
+        c2w_cpus = (cpus[-1],) if s.code2wav_cpus is None else tuple(s.code2wav_cpus)
+        deploy = VllmDeploy(VllmStageConfig(multiprocess=True, talker_cpus=talker_cpus, talker_threads=len(talker_cpus),
+                                            **common),
+                            code2wav="process", code2wav_cpus=c2w_cpus, code2wav_threads=len(c2w_cpus))
+        return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=s.dtype, deploy=deploy)
+    torch.set_num_threads(s.threads)
+    return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=s.dtype, deploy_profile=None,
+                                    deploy=VllmDeploy(VllmStageConfig(talker_threads=s.threads, **common),
+                                                      code2wav="inprocess"))
+
+
+def labels(pipe: Any) -> dict[str, Any]:
+    """What the pipeline resolved: GEMV, SnakeBeta, weight storage, and its processes."""
+    dep = pipe.deployment
+    return {"gemv": dep.gemv.label, "snake": dep.snake.label, "weights": dep.weights.label,
+            "processes": {str(k): v for k, v in pipe.processes().items()}}
+
+
+def request_kwargs(pipe: Any, s: Any, index: int) -> dict[str, Any]:
+    """Keyword arguments of bench request ``index``: greedy unless ``--sample`` (then seeded per request)."""
+    spk = pipe.model.config.speakers or [None]
+    kw = {"speaker": "vivian" if "vivian" in spk else spk[0], "language": "english", "max_new_tokens": s.frames + 1}
+    if s.sample:
+        kw["seed"] = s.seed + index
+    else:
+        kw.update(do_sample=False, subtalker_do_sample=False)
+    return kw
+
+
+def measure(pipe: Any, cfg: Config, s: Any, prompts: list[str], schedule: Any, round_index: int = 0) -> dict:
+    """One round of ``cfg``: a warm-up request of ``s.warmup_frames``, then every concurrency point.
+    Returns ``{"config", "round", "pid", "points": [point dicts], "requests": [rows], "wait_pct"}``."""
+    warm = {**request_kwargs(pipe, s, 0), "max_new_tokens": s.warmup_frames + 1}
+    drv.run_point(pipe, prompts[:1], [warm], 1, schedule)
+    out: dict[str, Any] = {"config": cfg.name, "round": round_index, "pid": os.getpid(), "points": [], "requests": []}
+    first = schedstat_snapshot()
+    for c in sorted(set(s.concurrency) | {1}):
+        n = s.requests or c
+        texts = [prompts[i % len(prompts)] for i in range(n)]
+        a = schedstat_snapshot()
+        run = drv.run_point(pipe, texts, [request_kwargs(pipe, s, i) for i in range(n)], c, schedule)
+        point, reqs = drv.summarize_point(run)
+        point.update(config=cfg.name, backend=cfg.name, round=round_index, cpu_wait_pct=wait_pct(a, schedstat_snapshot()))
+        out["points"].append(point)
+        out["requests"] += [{"config": cfg.name, "backend": cfg.name, "round": round_index, "concurrency": c, **r}
+                            for r in reqs]
+    out["wait_pct"] = wait_pct(first, schedstat_snapshot())
+    return out
+
+
+def e2e_ceiling(s1: float, c1: float, cn: float, n: int) -> float:
+    """The end-to-end N-stream ratio if N rows' talker step cost one row's (weights read once, nothing else per
+    row): ``N (S1 + C1) / (S1 + N C_N)``, S = talker step, C = code2wav ms per frame. code2wav is compute bound
+    per stream, so its share does not shrink with N."""
+    return n * (s1 + c1) / (s1 + n * cn) if s1 and c1 and cn and not math.isnan(s1 + c1 + cn) else math.nan
+
+
+def derive(run: dict, floor: dict | None) -> dict[str, Any]:
+    """The flat figures of one round (what the table prints, ``results.table_keys()``, and more): 1 stream's step, phases, TTFA and parts, RTF;
+    the largest concurrency point's step and frames/s; ratios N / 1 (``speedup`` end to end, ``talker_speedup``
+    the talker stage, ``steady_speedup`` decode steps only) and ``e2e_ceiling``; the floor measured next to it
+    (``floors.measure_frame_floor``: ``step_floor_ratio`` = step / floor, and each part against its own:
+    ``talker_vs_floor``, ``predictor_vs_floor``)."""
+    pts = {p["concurrency"]: p for p in run["points"]}
+    one, nmax = pts[1], max(pts)
+    r = {"step_ms": one["decode_step_ms"], "talker_ms": one["talker_forward_ms"], "predictor_ms": one["predictor_ms"],
+         "overhead_pct": one["overhead_pct"], "overhead_ms": one["overhead_ms"],
+         "code2wav_ms_per_frame": one["code2wav_ms_per_frame"], "ttfa_ms": one["ttfa_ms"],
+         "prefill_ms": one["prefill_step_ms"], "first_chunk_ms": one["first_chunk_ms"], "rtf": one["rtf_mean"],
+         "frames_per_s": one["frames_per_s"], "playback_start_ms": one["playback_start_ms_p50"],
+         "stall_ms": one["stall_ms_p50"], "wait_pct": run.get("wait_pct")}
+    if nmax > 1:
+        n = pts[nmax]
+        ratio = lambda a, b: a / b if b and a == a and b == b else math.nan  # noqa: E731
+        r.update(n_streams=nmax, n_step_ms=n["decode_step_ms"], n_frames_per_s=n["frames_per_s"],
+                 n_code2wav_ms_per_frame=n["code2wav_ms_per_frame"], n_rtf=n["rtf_mean"],
+                 speedup=ratio(n["frames_per_s"], one["frames_per_s"]),
+                 steady_speedup=ratio(n["steady_frames_per_s"], one["steady_frames_per_s"]),
+                 talker_speedup=ratio(n["talker_frames_per_s"], one["talker_frames_per_s"]),
+                 e2e_ceiling=e2e_ceiling(one["decode_step_ms"], one["code2wav_ms_per_frame"],
+                                         n["code2wav_ms_per_frame"], nmax))
+    if floor:
+        r.update(floor_ms=floor["floor_ms"], step_floor_ratio=r["step_ms"] / floor["floor_ms"],
+                 talker_floor_ms=floor["talker_floor_ms"], predictor_floor_ms=floor["predictor_floor_ms"],
+                 talker_vs_floor=r["talker_ms"] / floor["talker_floor_ms"],
+                 predictor_vs_floor=r["predictor_ms"] / floor["predictor_floor_ms"])
+    return r
+
+
+def median_row(name: str, rounds: list[dict]) -> dict[str, Any]:
+    """Median over rounds of every numeric figure (``runs`` = how many; ``<key>_range`` = [min, max] for the
+    table's figures); other values from the first round."""
+    row: dict[str, Any] = {"config": name, "runs": len(rounds)}
+    for k in dict.fromkeys(k for d in rounds for k in d):
+        vals = [d.get(k) for d in rounds]
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+        if nums and len(nums) == len([v for v in vals if v is not None]):
+            med = statistics.median(nums)
+            row[k] = int(med) if all(isinstance(v, int) for v in nums) and med == int(med) else float(med)
+            if len(nums) > 1 and k in table_keys():
+                row[f"{k}_range"] = [min(nums), max(nums)]
+        else:
+            row[k] = next((v for v in vals if v is not None), None)
+    return row
+
+
+def timed_build(cfg: Config, ckpt: Path, s: Any) -> tuple[Any, float]:
+    t = time.perf_counter()
+    pipe = build(cfg, ckpt, s)
+    return pipe, time.perf_counter() - t
