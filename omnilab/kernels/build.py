@@ -19,6 +19,8 @@ SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
 LINK_FLAGS = {"snake": ("-lmvec",)}  # per source: glibc's vector math (sinf) for the fused SnakeBeta
+# per source and ISA: the quantized GEMV's avx512 build uses vpdpbusd (qgemv.py picks it only with avx512_vnni)
+SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni",)}
 
 
 class KernelBuildError(RuntimeError):
@@ -57,7 +59,7 @@ def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Pa
     if isa not in ISA_FLAGS:
         raise ValueError(f"unknown ISA {isa!r}; accepted: {', '.join(ISA_FLAGS)}")
     src = (SOURCE_DIR / f"{name}.cpp").read_bytes()
-    flags = COMMON_FLAGS + ISA_FLAGS[isa] + LINK_FLAGS.get(name, ())
+    flags = COMMON_FLAGS + ISA_FLAGS[isa] + SOURCE_ISA_FLAGS.get((name, isa), ()) + LINK_FLAGS.get(name, ())
     digest = hashlib.sha256(src + " ".join(flags).encode() + _compiler_version(cxx).encode()).hexdigest()[:12]
     return (cache or cache_dir() / "kernels") / f"{name}-{isa}-{digest}.so"
 
@@ -78,8 +80,8 @@ def build_library(name: str, isa: str, *, cxx: str | None = None, cache: Path | 
             return out
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], str(SOURCE_DIR / f"{name}.cpp"), *LINK_FLAGS.get(name, ()),
-               "-o", tmp]
+        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], *SOURCE_ISA_FLAGS.get((name, isa), ()),
+               str(SOURCE_DIR / f"{name}.cpp"), *LINK_FLAGS.get(name, ()), "-o", tmp]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if res.returncode != 0:

@@ -1,0 +1,228 @@
+"""Weight-only quantization of decode matrices (int8 per output channel, int4 per group along K): the
+numerical reference of ``qgemv.cpp`` and the layout it streams.
+
+Codes and scales (symmetric, no zero point):
+
+- ``quantize_int8(w)``: ``scale[n] = max|w[n, :]| / 127``, ``q = round(w / scale)`` in [-127, 127].
+- ``quantize_int4(w, group_size)``: ``scale[n, g] = max|w[n, g*gs:(g+1)*gs]| / 7``, ``q = round(w / scale)``
+  in [-7, 7]. The symmetric scale never needs -8, but the layout and the kernels take [-8, 7] (stored
+  ``q + 8`` in [0, 15]), so a checkpoint's -8 (e.g. compressed-tensors' pack-quantized) repacks unchanged.
+
+``round`` is half to even; an all-zero row or group gets scale 0 and codes 0. Per element,
+``|w - q * scale| <= scale / 2`` (``dequantize`` multiplies in fp32, so add an ulp of ``w``).
+
+Kernel layout (a repack done at quantize / load time; the on-disk format is separate). Output rows go in
+blocks of ``ROWS = 16`` (N padded to ``Np``, a multiple of 16, with zero rows), and inside a block the 16
+rows are interleaved 4 bytes at a time, so one 64-byte line holds 16 rows x 4 bytes: the 16 lanes of an
+AVX-512 register are the block's 16 output rows (AVX2: two halves of 8), and ``vpdpbusd`` multiplies each
+lane's 4 bytes with 4 activation bytes broadcast. A thread reads its blocks as one sequential stream.
+
+- int8: ``qweight`` uint8 ``[Np/16, Kp/4, 16, 4]``; byte ``[i, c, r, j] = q[16 i + r, 4 c + j] + 128``. K is
+  padded to ``Kp``, a multiple of ``ACT_BLOCK = 32``, with zero codes (stored 128).
+  ``scales`` fp32 ``[Np/16, 1, 16]`` (one group spanning K).
+- int4: ``qweight`` uint8 ``[Np/16, K/8, 16, 4]``; byte ``[i, c, r, j]`` holds ``q[16 i + r, 8 c + j] + 8`` in its
+  low nibble and ``q[16 i + r, 8 c + 4 + j] + 8`` in its high nibble (K % group_size == 0, so Kp = K).
+  ``scales`` fp32 ``[Np/16, K/group_size, 16]``: a block's scales, group after group, 16 rows each.
+
+Scales stay fp32. For int4 they are 20 % of the bytes read at g = 32 (4 B per 16 B of codes), 11 % at
+g = 64, 6 % at g = 128; bf16 scales would read 10 / 5.6 / 3 % fewer bytes (at most that much faster where
+bandwidth bound) for a 2^-9 relative change of the grid; not done (the kernel would expand them like gemv.cpp's
+bf16 weights). int8's per-channel scales are 4 B per K-byte row.
+
+``quantize_activations(x)`` is the reference of the kernel's int8-activation mode (dynamic, per row and
+32-wide block of K, symmetric); :func:`int8_act_reference` is that mode's result computed with torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ROWS = 16            # output rows per interleaved block (AVX-512 lanes)
+ACT_BLOCK = 32       # K padding unit and activation quantization block of the int8-activation mode
+INT4_GROUP_SIZES = (32, 64, 128)
+METHODS = ("int8", "int4")
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """A [N, K] matrix in the kernel layout (see the module docstring). ``group_size`` is K for int8 (one
+    scale per output channel)."""
+
+    method: str                 # "int8" | "int4"
+    group_size: int
+    shape: tuple[int, int]      # (N, K) of the original matrix
+    qweight: torch.Tensor       # uint8, int8: [Np/16, Kp/4, 16, 4]; int4: [Np/16, K/8, 16, 4]
+    scales: torch.Tensor        # float32 [Np/16, groups, 16]
+
+    def __post_init__(self):
+        n, k = self.shape
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; accepted: {', '.join(METHODS)}")
+        kp = self.padded_k
+        per_chunk = 4 if self.method == "int8" else 8
+        want_q = (self.padded_n // ROWS, kp // per_chunk, ROWS, 4)
+        want_s = (self.padded_n // ROWS, self.groups, ROWS)
+        if (self.qweight.dtype != torch.uint8 or tuple(self.qweight.shape) != want_q
+                or self.scales.dtype != torch.float32 or tuple(self.scales.shape) != want_s
+                or not self.qweight.is_contiguous() or not self.scales.is_contiguous()):
+            raise ValueError(f"{self.method} layout of a {n}x{k} matrix needs contiguous uint8 qweight {want_q} "
+                             f"and float32 scales {want_s}, got {self.qweight.dtype} {tuple(self.qweight.shape)} "
+                             f"and {self.scales.dtype} {tuple(self.scales.shape)}")
+
+    @property
+    def padded_n(self) -> int:
+        return _ceil(self.shape[0], ROWS)
+
+    @property
+    def padded_k(self) -> int:
+        return _ceil(self.shape[1], ACT_BLOCK) if self.method == "int8" else self.shape[1]
+
+    @property
+    def groups(self) -> int:
+        return 1 if self.method == "int8" else self.shape[1] // self.group_size
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.method == "int8" else 4
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a call streams: packed codes + scales (padding included)."""
+        return self.qweight.numel() + self.scales.numel() * 4
+
+    def codes(self, blocks: slice = slice(None)) -> torch.Tensor:
+        """The signed codes, int8 [N, K] (unpacked; exact); ``blocks``: only those 16-row blocks (padded
+        rows included, K unpadded)."""
+        n, k = self.shape
+        if self.method == "int8":
+            q = self.qweight[blocks].permute(0, 2, 1, 3).reshape(-1, self.padded_k).to(torch.int16) - 128
+        else:
+            b = self.qweight[blocks].permute(0, 2, 1, 3)  # [blocks, 16, K/8, 4]
+            q = torch.stack([b & 0x0F, b >> 4], dim=3).reshape(-1, k).to(torch.int16) - 8
+        return (q if blocks != slice(None) else q[:n])[:, :k].to(torch.int8)
+
+    def row_scales(self, blocks: slice = slice(None)) -> torch.Tensor:
+        """Scales per (row, group), fp32 [N, groups] (``blocks``: as for :meth:`codes`)."""
+        s = self.scales[blocks].permute(0, 2, 1).reshape(-1, self.groups)
+        return s if blocks != slice(None) else s[: self.shape[0]]
+
+    def dequantize(self, blocks: slice = slice(None)) -> torch.Tensor:
+        """fp32 [N, K]: ``codes * scale`` of each element's row and group (``blocks``: as for :meth:`codes`)."""
+        s = self.row_scales(blocks).repeat_interleave(self.group_size, dim=1)
+        return self.codes(blocks).float() * s
+
+    def __repr__(self) -> str:
+        g = "" if self.method == "int8" else f", group_size={self.group_size}"
+        return f"QuantizedWeight({self.method}{g}, shape={self.shape}, nbytes={self.nbytes})"
+
+
+def from_codes(method: str, codes: torch.Tensor, scales: torch.Tensor, group_size: int | None = None
+               ) -> QuantizedWeight:
+    """Pack signed codes (int8 [N, K]: [-127, 127] for int8, [-8, 7] for int4) and fp32 scales ([N] or
+    [N, groups]) into the kernel layout; the way in for a checkpoint's quantized tensors (repack at load)."""
+    n, k = codes.shape
+    if method == "int8":
+        group_size, lo, hi = k, -128, 127
+    elif method == "int4":
+        _check_group(k, group_size)
+        lo, hi = -8, 7
+    else:
+        raise ValueError(f"unknown method {method!r}; accepted: {', '.join(METHODS)}")
+    q = codes.to(torch.int16)
+    if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+        raise ValueError(f"{method} codes must lie in [{lo}, {hi}], got [{int(q.min())}, {int(q.max())}]")
+    groups = k // group_size
+    s = scales.to(torch.float32).reshape(n, groups)
+    np_ = _ceil(n, ROWS)
+    s_pad = torch.zeros(np_, groups)
+    s_pad[:n] = s
+    scales_l = s_pad.reshape(np_ // ROWS, ROWS, groups).permute(0, 2, 1).contiguous()
+    if method == "int8":
+        kp = _ceil(k, ACT_BLOCK)
+        u = torch.full((np_, kp), 128, dtype=torch.int16)
+        u[:n, :k] = q + 128
+        packed = u.to(torch.uint8).reshape(np_ // ROWS, ROWS, kp // 4, 4).permute(0, 2, 1, 3)
+    else:
+        u = torch.full((np_, k), 8, dtype=torch.int16)
+        u[:n] = q + 8
+        u = u.to(torch.uint8).reshape(np_ // ROWS, ROWS, k // 8, 2, 4)
+        packed = (u[:, :, :, 0] | (u[:, :, :, 1] << 4)).permute(0, 2, 1, 3)
+    return QuantizedWeight(method, group_size, (n, k), packed.contiguous(), scales_l)
+
+
+def _check_group(k: int, group_size: int | None) -> None:
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group_size must be one of {INT4_GROUP_SIZES}, got {group_size!r}")
+    if k % group_size:
+        raise ValueError(f"int4 needs K divisible by group_size: K={k} is not a multiple of {group_size} "
+                         f"(accepted group sizes: {', '.join(map(str, INT4_GROUP_SIZES))}, each must divide K)")
+
+
+def _symmetric(w: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale) for the rows of ``w`` [..., G]: scale = max|w| / qmax, codes = round(w / scale)."""
+    scale = w.abs().amax(dim=-1) / qmax
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / safe.unsqueeze(-1)).clamp_(-qmax, qmax)
+    return q.to(torch.int8), scale
+
+
+def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
+    """Symmetric int8 per output channel of ``w`` [N, K] (any float dtype; computed in fp32)."""
+    if w.dim() != 2:
+        raise ValueError(f"quantize_int8 takes a [N, K] matrix, got shape {tuple(w.shape)}")
+    q, scale = _symmetric(w.detach().float().cpu(), 127)
+    return from_codes("int8", q, scale)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128) -> QuantizedWeight:
+    """Symmetric int4 per ``group_size`` elements along K (32, 64 or 128; must divide K) of ``w`` [N, K]."""
+    if w.dim() != 2:
+        raise ValueError(f"quantize_int4 takes a [N, K] matrix, got shape {tuple(w.shape)}")
+    n, k = w.shape
+    _check_group(k, group_size)
+    q, scale = _symmetric(w.detach().float().cpu().reshape(n, k // group_size, group_size), 7)
+    return from_codes("int4", q.reshape(n, k), scale, group_size)
+
+
+def quantize(w: torch.Tensor, method: str, group_size: int | None = None) -> QuantizedWeight:
+    """``quantize_int8(w)`` or ``quantize_int4(w, group_size)`` by name."""
+    if method == "int8":
+        return quantize_int8(w)
+    if method == "int4":
+        return quantize_int4(w, 128 if group_size is None else group_size)
+    raise ValueError(f"unknown method {method!r}; accepted: {', '.join(METHODS)}")
+
+
+def quantize_activations(x: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's dynamic activation quantization: ``x`` [R, K] fp32, zero-padded to ``kp`` (a multiple
+    of 32), per row and 32-wide block: ``amax = max|x|``, ``inv = 127 / amax`` (0 for an all-zero block),
+    ``xq = round(x * inv)`` (half to even) in [-127, 127], ``xs = amax / 127``. Returns (xq int8 [R, kp],
+    xs fp32 [R, kp/32]); the kernel computes exactly these values (same fp32 operations)."""
+    r, k = x.shape
+    kp = _ceil(k, ACT_BLOCK) if kp is None else kp
+    xp = torch.zeros(r, kp, dtype=torch.float32)
+    xp[:, :k] = x
+    blocks = xp.reshape(r, kp // ACT_BLOCK, ACT_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    xq = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8).reshape(r, kp)
+    return xq, amax / 127
+
+
+def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """The int8-activation mode computed with torch: ``sum_b (xq_b . q_b) * xs[r, b] * scale[n, g(b)]`` over
+    the 32-wide blocks b, fp32 [R, N]. Each block's integer dot is exact (|.| < 2^24), so this differs from
+    the kernel only by the fp32 rounding of the sum over blocks."""
+    n, k = qw.shape
+    kp, nb = qw.padded_k, qw.padded_k // ACT_BLOCK
+    xq, xs = quantize_activations(x.reshape(-1, k).float(), kp)
+    q = torch.zeros(n, kp)
+    q[:, :k] = qw.codes().float()
+    ws = qw.row_scales().repeat_interleave(qw.group_size // ACT_BLOCK if qw.method == "int4" else nb, dim=1)
+    dots = torch.einsum("rbk,nbk->rnb", xq.float().reshape(-1, nb, ACT_BLOCK), q.reshape(n, nb, ACT_BLOCK))
+    return (dots * xs.unsqueeze(1) * ws.unsqueeze(0)).sum(-1).reshape(*x.shape[:-1], n)
