@@ -174,8 +174,25 @@ def test_build_is_cached_per_source_and_compiler(tmp_path):
         build.library_path("gemv", "sse", "g++")
 
 
-def test_one_openmp_runtime_in_the_process(lib):
-    """The kernel's OpenMP calls go to the runtime torch loaded (same soname), not a second thread pool."""
-    maps = open("/proc/self/maps").read().split("\n")
-    omp = {line.split()[-1] for line in maps if ("libgomp" in line or "libiomp" in line) and "/" in line}
+@pytest.mark.parametrize("isa", ISAS)
+def test_one_openmp_runtime_in_the_process(isa):
+    """The kernel's OpenMP calls go to the runtime torch loaded (same soname), not a second thread pool.
+
+    Checked in a fresh process holding only torch and the kernel: this test process may also hold other
+    packages' privately renamed OpenMP copies (e.g. sentencepiece's ``libgomp-<hash>.so``, loaded by vLLM),
+    which the kernel cannot bind to (other soname) and which say nothing about the kernel."""
+    import subprocess
+    import sys
+
+    code = (f"import torch, torch.nn.functional\n"
+            f"from omnilab.kernels import gemv\n"
+            f"from omnilab.kernels.build import build_library\n"
+            f"lib = gemv._Lib(build_library('gemv', {isa!r}))\n"
+            f"x, w = torch.randn(4, 64), torch.randn(32, 64)\n"
+            f"gemv.gemv_rows(x, w, lib=lib)\n"
+            f"maps = open('/proc/self/maps').read().split('\\n')\n"
+            f"print(sorted({{l.split()[-1] for l in maps if ('libgomp' in l or 'libiomp' in l) and '/' in l}}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    omp = eval(out.stdout.strip().splitlines()[-1])
     assert len(omp) == 1, omp
