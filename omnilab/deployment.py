@@ -21,6 +21,9 @@ values stay and are applied around each code2wav call. What cannot apply in a ru
 of its threads, ``LD_PRELOAD``) is listed in ``Deployment.not_applied`` with the reason, shown in
 ``pipe.deployment`` and returned by ``pipe.check_profile()``.
 
+``quantization_row(checkpoint_dir, method, group_size, weights, compute)`` resolves ``quantization=`` for the
+checkpoint's decode matrices (``omnilab.kernels.quant.quantization_choice``) and the row ``pipe.deployment`` shows.
+
 ``Deployment`` is what ``pipe.profile`` / ``pipe.deployment`` show. Plain Python: no vLLM import.
 """
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Deployment:
     hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
     weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
     snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
+    quantization: Any = None       # QuantizationRow of the talker's decode matrices (idem; None: not resolved)
     not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
 
     def rows(self) -> list[tuple[str, str]]:
@@ -69,6 +73,8 @@ class Deployment:
             out.append(("decode weight pages", f"{self.hugepages.label}: {self.hugepages.reason}"))
         if self.snake is not None:
             out.append(("code2wav activation", f"{self.snake.label}: {self.snake.reason}"))
+        if self.quantization is not None:
+            out.append(("quantization", self.quantization.text()))
         out += [(f"not applied: {name}", why) for name, why in self.not_applied]
         return out
 
@@ -80,6 +86,51 @@ class Deployment:
         from omnilab.html_tables import html_table
         body = html_table(["what", "value"], self.rows())
         return body + (self.profile._repr_html_() if self.profile is not None else "")
+
+
+@dataclass(frozen=True)
+class QuantizationRow:
+    """What ``pipe.deployment`` shows about quantization: the choice, the decode matrices' bytes as they would be
+    stored without it and with it, and the quantized-GEMV kernel (``omnilab.kernels.qgemv.qgemv_choice``)."""
+    choice: Any                    # omnilab.kernels.quant.Quantization
+    before_bytes: int              # decode matrices as stored unquantized (weights storage choice)
+    after_bytes: int               # the same matrices as stored now (QuantizedWeight codes + scales)
+    kernel: str | None             # QgemvChoice.label (None when not quantized)
+
+    def text(self) -> str:
+        q, mib = self.choice, 2 ** 20
+        if not q.enabled:
+            return f"none: {q.reason} ({self.before_bytes / mib:.1f} MiB of decode matrices)"
+        g = f"group {q.group_size}" if q.method == "int4" else "per channel"
+        return (f"{q.method} ({g}, {q.activations} activations), decode matrices {self.before_bytes / mib:.1f} -> "
+                f"{self.after_bytes / mib:.1f} MiB, kernel {self.kernel}: {q.reason}")
+
+
+def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights: Any, compute: Any) -> QuantizationRow:
+    """:func:`omnilab.kernels.quant.quantization_choice` of ``method`` / ``group_size`` for the talker's decode matrices
+    of ``checkpoint_dir`` (file header: names, shapes, dtypes) and its row (``.choice``: the ``Quantization``).
+    ``weights``: the ``WeightStorage`` (bf16 kept or not), ``compute``: the compute torch dtype."""
+    import torch
+
+    from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
+    from omnilab.kernels.quant import packed_nbytes, quantization_choice
+    from omnilab.kernels.storage import talker_streamed_name
+
+    index = TensorIndex(weight_files(Path(checkpoint_dir), "model"))
+    names = [k for k in index.where if k.startswith("talker.") and talker_streamed_name(k.removeprefix("talker."))]
+    choice = quantization_choice(method, group_size, ks=[index.shape(k)[1] for k in names])
+    before = after = 0
+    for full in names:
+        name = full.removeprefix("talker.")
+        shape, fd = index.shape(full), index.dtype(full)
+        stored = fd if (weights is not None and weights.keeps_bf16(name, fd)) or not fd.is_floating_point else compute
+        before += int(torch.Size(shape).numel()) * torch.empty((), dtype=stored).element_size()
+        after += packed_nbytes(tuple(shape), choice.method, choice.group_size) if choice.enabled else 0
+    kernel = None
+    if choice.enabled:
+        from omnilab.kernels.qgemv import qgemv_choice
+        kernel = qgemv_choice().label
+    return QuantizationRow(choice, before, after if choice.enabled else before, kernel)
 
 
 def _dtype_name(dtype: Any) -> str | None:

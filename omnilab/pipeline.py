@@ -110,7 +110,8 @@ class Pipeline:
     def from_pretrained(cls, path_or_hub_id: str | os.PathLike | None = None, *, device: str = "cpu",
                         backend: str = "vllm", deploy_profile: Any = "auto", deploy: Any = None,
                         dtype: Any = None, num_threads: int | None = None, max_concurrency: int | None = None,
-                        chunk_schedule: ChunkSchedule | None = None, hooks: Any = None) -> "Pipeline":
+                        chunk_schedule: ChunkSchedule | None = None, hooks: Any = None, quantization: str | None = None,
+                        quant_group_size: int | None = None) -> "Pipeline":
         """Load a checkpoint (directory or hub id; None = the embedded tiny default) and build the stages.
 
         Args:
@@ -131,6 +132,8 @@ class Pipeline:
             chunk_schedule: streaming chunk sizes (default: the profile's; without one 1 frame, then 25).
             hooks: instrumentation (``omnilab.instrument.hooks``): a ``Hook``, a callable ``fn(span)``, or a list;
                 e.g. ``[TimingHook(), ThreadUsageHook()]``. Every result carries a ``Trace`` either way.
+            quantization: None/"none", "int8", "int4": decode matrices quantized at load (``OMNILAB_QUANTIZATION``
+                wins; ``pipe.deployment`` row "quantization"); quant_group_size: int4's 32/64/128 (None = 128).
         """
         if not isinstance(device, str) or device.lower() != "cpu":
             raise UnsupportedError(f"device {device!r} is not supported: omnilab runs on CPUs; accepted: 'cpu'")
@@ -157,17 +160,22 @@ class Pipeline:
         from omnilab.kernels.snake import snake_choice
         from omnilab.kernels.storage import weight_storage_choice
         from omnilab.checkpoint.load import resolve_dtype
-        # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES / OMNILAB_DECODE_WEIGHTS / OMNILAB_CPU_SNAKE
-        # fails now (before any worker starts); builds the kernels once per machine
-        dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(),
-                                  weights=weight_storage_choice(resolve_dtype(dep.dtype)[0]), snake=snake_choice())
+        from omnilab.deployment import quantization_row
+        # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES / OMNILAB_DECODE_WEIGHTS / OMNILAB_CPU_SNAKE /
+        # OMNILAB_QUANTIZATION fails now (before any worker starts); builds the kernels once per machine
+        weights = weight_storage_choice(compute := resolve_dtype(dep.dtype)[0])
+        quant_row = quantization_row(path, quantization, quant_group_size, weights, compute)
+        quant = quant_row.choice
+        dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(), weights=weights,
+                                  snake=snake_choice(), quantization=quant_row)
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm.deploy import build_stages, client_load_options
-            model = load_model(path, dtype=dep.dtype, configs=configs, **client_load_options(dep.vllm_deploy))
+            model = load_model(path, dtype=dep.dtype, configs=configs, quantization=quant,
+                               **client_load_options(dep.vllm_deploy))
             talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy)
         else:
-            model = load_model(path, dtype=dep.dtype, configs=configs)
+            model = load_model(path, dtype=dep.dtype, configs=configs, quantization=quant)
             c2w_threads = dep.profile.threads("code2wav") if dep.profile is not None else None
             talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav, threads=c2w_threads)
         return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,

@@ -3,14 +3,15 @@
 #
 #   ./scripts/test.sh                      the suite as this machine runs it (2 threads, native ISA kernels)
 #   ./scripts/test.sh --avx2-one-thread    the suite as an AVX2-only machine runs it, at one thread: omnilab's
-#                                          GEMV and SnakeBeta kernels in their AVX2 builds, MKL and oneDNN
+#                                          GEMV, quantized GEMV and SnakeBeta kernels in their AVX2 builds, MKL and oneDNN
 #                                          capped to AVX2, OMP_NUM_THREADS=1 (CI runs both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || ./scripts/setup.sh
 if [ "${1:-}" = "--avx2-one-thread" ]; then
   shift
-  export OMNILAB_CPU_GEMV=omnilab-avx2 OMNILAB_CPU_SNAKE=omnilab-avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+  export OMNILAB_CPU_GEMV=omnilab-avx2 OMNILAB_CPU_SNAKE=omnilab-avx2 OMNILAB_CPU_QGEMV=omnilab-avx2 \
+         MKL_ENABLE_INSTRUCTIONS=AVX2 \
          ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1
   echo "[test] AVX2 kernels, MKL/oneDNN capped to AVX2, one thread"
 fi

@@ -13,8 +13,8 @@ Contract:
   parameters on the meta device and the file's tensors are assigned one at a time (cast to the compute
   dtype as they are read), so the weights are never held twice. Never unpickles.
 - One strict loader for the client and the stage workers (:mod:`omnilab.checkpoint.worker_weights`):
-  ``load_strict(factory, index, prefix, dtype, what, streamed=, keep_bf16=, mmap=)`` (meta-init a module and
-  fill it strictly: names, shapes, dtype policy, huge-page arena, 64-byte aligned tensors) and the parts built
+  ``load_strict(factory, index, prefix, dtype, what, streamed=, keep_bf16=, quantize=, mmap=)`` (meta-init a
+  module, fill it strictly: names, shapes, dtype policy, quantize at load, huge pages, 64-byte aligned tensors);
   on it, ``load_talker_from`` (the talker's dtype policy, see :data:`UPCAST_TABLES`) and ``load_code2wav_from``;
   ``weight_files(dir, stem)`` (single file or shards), ``TensorIndex`` and ``meta_init()`` (build modules
   without allocating or initialising parameters). ``read_configs(dir)`` parses the two config files once.
@@ -69,6 +69,7 @@ class LoadedModel:
     tokenizer: TextTokenizer
     dtype: torch.dtype
     dtype_reason: str
+    quantization: Any = None  # omnilab.kernels.quant.Quantization of the talker (None: not quantized)
 
     def __repr__(self) -> str:
         return (f"LoadedModel(path={str(self.path)!r}, variant={self.config.tts_model_type!r}, "
@@ -236,7 +237,8 @@ def _names(keys, n: int = _SHOW) -> str:
 
 def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: str, dtype: torch.dtype,
                 what: str, *, streamed: Callable[[str], bool] | None = None,
-                keep_bf16: Callable[[str, torch.dtype], bool] | None = None, mmap: bool = True) -> nn.Module:
+                keep_bf16: Callable[[str, torch.dtype], bool] | None = None, quantize: Any = None, mmap: bool = True
+                ) -> nn.Module:
     """Build ``factory()`` with meta parameters and fill it from the ``prefix``-ed tensors of ``index``: the
     one strict loader, for ``load_model`` and for stage workers.
 
@@ -244,9 +246,10 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
     tensors). Dtypes: floating tensors become ``dtype``, except those ``keep_bf16(name, file dtype)`` selects
     (names without ``prefix``), which stay in the file's bf16; other tensors keep their file dtype.
     ``streamed`` (optional) selects matrices to place in one huge-page :class:`~omnilab.kernels.hugepages.
-    WeightArena` (kept as ``module.weight_arena``). Every tensor starts on a 64-byte boundary
-    (:meth:`TensorIndex.get`). ``mmap=False`` reads every tensor with plain file reads (stage workers: the
-    file's pages never join the process's resident set); True maps tensors already in their stored dtype."""
+    WeightArena` (kept as ``module.weight_arena``). ``quantize`` (a :class:`~omnilab.kernels.quant.Quantization`):
+    the tensors it ``selects`` become ``QuantizedWeight`` attributes (from the file's values). Every tensor
+    starts on a 64-byte boundary (:meth:`TensorIndex.get`). ``mmap=False``: plain file reads for every tensor
+    (stage workers: the file's pages never join the resident set); True maps tensors already in their stored dtype."""
     with meta_init():
         module = factory()
     expected = {k: tuple(t.shape) for k, t in module.state_dict().items()}
@@ -269,6 +272,9 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         raise CheckpointError(msg)
     from omnilab.kernels.hugepages import plan_arena
 
+    for k in [k for k in expected if quantize is not None and quantize.selects(k)]:
+        quantize.install(module, k, index.read(present[k]))  # the parameter leaves the state dict
+        del expected[k]
     stored = {}
     for k in expected:
         file_dtype = index.dtype(present[k])
@@ -280,8 +286,7 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         state[k] = (arena.put(index.read(present[k]), stored[k]) if k in in_arena
                     else index.get(present[k], stored[k], mmap=mmap))
     module.load_state_dict(state, strict=True, assign=True)
-    module.weight_arena = arena
-    del state
+    module.weight_arena, state = arena, None
     leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
     if leftover:
         raise CheckpointError(f"{what}: tensors left uninitialised after loading: {_names(leftover)}")
@@ -303,20 +308,22 @@ class _UpcastEmbedding(nn.Embedding):
         return super().forward(ids).to(self.out_dtype)
 
 
-def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dtype, *, mmap: bool = True) -> nn.Module:
+def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dtype, *, mmap: bool = True,
+                     quantization: Any = None) -> nn.Module:
     """The ``Talker`` from ``talker.*`` of ``index`` (client and talker worker alike). Under fp32 compute the
     streamed decode matrices stay in the file's bf16 as :func:`omnilab.kernels.storage.weight_storage_choice`
     says (``talker.weight_storage``), and so do the text and codec tables (:data:`UPCAST_TABLES`, 0.6 GB less
-    at 0.6B) behind an exact upcast; huge pages as :func:`streamed_selector` says."""
-    from omnilab.kernels.storage import weight_storage_choice
+    at 0.6B) behind an exact upcast; huge pages as :func:`streamed_selector` says. ``quantization`` (a
+    ``Quantization``, kept as ``talker.quantization``): those decode matrices are quantized at load instead."""
+    from omnilab.kernels.storage import talker_streamed_name, weight_storage_choice
     from omnilab.models.talker import Talker
 
     storage = weight_storage_choice(dtype)
     tables = UPCAST_TABLES if dtype == torch.float32 else frozenset()
-    talker = load_strict(lambda: Talker(config), index, "talker.", dtype, "model.safetensors (talker)",
-                         streamed=streamed_selector(), mmap=mmap,
+    talker = load_strict(lambda: Talker(config), index, "talker.", dtype, "model.safetensors (talker)", mmap=mmap,
+                         streamed=streamed_selector(), quantize=quantization and quantization.only(talker_streamed_name),
                          keep_bf16=lambda k, fd: k in tables or storage.keeps_bf16(k, fd))
-    talker.weight_storage = storage
+    talker.weight_storage, talker.quantization = storage, quantization
     for emb in talker.modules():
         if isinstance(emb, nn.Embedding) and emb.weight.dtype != dtype:
             emb.__class__ = _UpcastEmbedding
@@ -351,7 +358,7 @@ def read_configs(path: Path) -> tuple[Qwen3TTSConfig, SpeechTokenizerConfig]:
 
 
 def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: bool | str = "auto", *,
-               load_talker: bool = True, load_code2wav: bool = True,
+               load_talker: bool = True, load_code2wav: bool = True, quantization: Any = None,
                configs: tuple[Qwen3TTSConfig, SpeechTokenizerConfig] | None = None) -> LoadedModel:
     """Load a checkpoint directory or hub id.
 
@@ -362,6 +369,7 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
             also loads the Mimi encoder for the other variants; ``False`` loads neither.
         load_talker, load_code2wav: False leaves that module ``None`` (a stage worker process loads it).
         configs: :func:`read_configs` of this directory when the caller has parsed them already.
+        quantization: ``omnilab.kernels.quant.Quantization`` of the talker's decode matrices (None: as stored).
     """
     if load_encoders not in ("auto", True, False):
         raise ConfigError(f"load_encoders {load_encoders!r}; accepted: 'auto', True, False")
@@ -377,7 +385,7 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
 
     main = TensorIndex(weight_files(path, "model"))
     _unclaimed(main, ("talker.", "speaker_encoder.") if is_base else ("talker.",), "model.safetensors")
-    talker = load_talker_from(main, config, compute) if load_talker else None
+    talker = load_talker_from(main, config, compute, quantization=quantization) if load_talker else None
     speaker_encoder = None
     if want_spk:
         from omnilab.models.speaker_encoder import SpeakerEncoder
@@ -395,7 +403,7 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
                                    "encoder.", torch.float32, "speech_tokenizer/model.safetensors (encoder)")
     return LoadedModel(path=path, config=config, speech_config=speech, generation=generation, talker=talker,
                        code2wav=code2wav, speaker_encoder=speaker_encoder, mimi_encoder=mimi_encoder,
-                       tokenizer=tokenizer, dtype=compute, dtype_reason=reason)
+                       tokenizer=tokenizer, dtype=compute, dtype_reason=reason, quantization=quantization)
 
 
 def _check_tokenizer(tok: TextTokenizer, cfg: Qwen3TTSConfig) -> None:

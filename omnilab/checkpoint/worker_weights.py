@@ -39,12 +39,14 @@ def _index(directory: Path, what: str):
     return TensorIndex(files)
 
 
-def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: Any) -> nn.Module:
+def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: Any, quantization: Any = None) -> nn.Module:
     """The omnilab ``Talker`` (``cfg``: the checkpoint's ``Qwen3TTSConfig``) from ``model.safetensors``, as
-    ``load_model`` loads it (dtype policy of :func:`omnilab.checkpoint.load.load_talker_from`), without mmap."""
+    ``load_model`` loads it (dtype policy of :func:`omnilab.checkpoint.load.load_talker_from`, ``quantization``:
+    the client's ``omnilab.kernels.quant.Quantization``, quantized at load the same way), without mmap."""
     from omnilab.checkpoint.load import load_talker_from
 
-    return load_talker_from(_index(Path(checkpoint), "model.safetensors"), cfg, dtype, mmap=False)
+    return load_talker_from(_index(Path(checkpoint), "model.safetensors"), cfg, dtype, mmap=False,
+                            quantization=quantization)
 
 
 def load_code2wav_weights(checkpoint: str | os.PathLike, speech: Any) -> nn.Module:

@@ -7,6 +7,9 @@
   take the kernel for 1..16 rows (the bf16 expanded exactly in registers).
 - :mod:`omnilab.kernels.storage`: an fp32 talker keeps its decode matrices in the checkpoint's bf16 (half
   the bytes per decode step); ``OMNILAB_DECODE_WEIGHTS=auto|bf16|compute``.
+- :mod:`omnilab.kernels.quant` / :mod:`omnilab.kernels.qgemv`: int8 / int4 weight-only quantized decode matrices
+  (quantized at load: ``from_pretrained(quantization=)``, ``OMNILAB_QUANTIZATION``); :func:`linear` dispatches a
+  ``QuantizedWeight`` to ``qlinear`` (``OMNILAB_CPU_QGEMV``).
 - :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
 - :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
 

@@ -1,5 +1,6 @@
 """``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why, and
-how an fp32 talker's decode matrices would be stored, and which SnakeBeta code2wav runs."""
+how an fp32 talker's decode matrices would be stored, which quantized-GEMV kernel ``quantization=`` would use, and
+which SnakeBeta code2wav runs."""
 from omnilab.kernels import gemv_choice
 
 if __name__ == "__main__":
@@ -14,6 +15,14 @@ if __name__ == "__main__":
     w = weight_storage_choice(torch.float32)
     print(f"decode weights of an fp32 talker: {w.label} ({w.source})")
     print(f"  reason: {w.reason}")
+    from omnilab.kernels.qgemv import qgemv_choice
+    from omnilab.kernels.quant import quantization_choice
+    qc = qgemv_choice()
+    print(f"quantized decode linears (quantization=int8/int4): {qc.label} ({qc.source})")
+    print(f"  reason: {qc.reason}")
+    q = quantization_choice()
+    print(f"quantization of this environment: {q.label} ({q.source})")
+    print(f"  reason: {q.reason}")
     from omnilab.kernels.snake import snake_choice
     s = snake_choice()
     print(f"code2wav SnakeBeta: {s.label} ({s.source})")

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
+from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight
 
 ENV = "OMNILAB_CPU_GEMV"
 MODES = KERNEL_MODES
@@ -152,9 +153,14 @@ def _call(lib: _Lib, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return y
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` with the kernel for fp32 CPU inputs of 4..8 rows (see the module docstring), and for
-    fp32 inputs over bf16-stored weights (:mod:`omnilab.kernels.storage`) of 1..16 rows."""
+    fp32 inputs over bf16-stored weights (:mod:`omnilab.kernels.storage`) of 1..16 rows. A
+    :class:`~omnilab.kernels.quant.QuantizedWeight` (quantized at load) goes to :func:`~omnilab.kernels.qgemv.
+    qlinear` with its ``activations`` (None: :data:`~omnilab.kernels.quant.AUTO_ACTIVATIONS` of its method)."""
+    if isinstance(weight, QuantizedWeight):  # ctypes kernel: under torch.compile (OMNILAB_CPU_INDUCTOR) a graph break
+        return torch.compiler.disable(_quantized)(x, weight, bias) if torch.compiler.is_compiling() else \
+            _quantized(x, weight, bias)
     if weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
         return _linear_bf16_weight(x, weight, bias)
     if torch.compiler.is_compiling():
@@ -163,6 +169,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     fp32 = (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32))
     rows = _kernel_rows(lib, x, weight, bias, MIN_ROWS, MAX_ROWS) if fp32 else 0
     return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight, bias)  # else torch (or its error)
+
+
+def _quantized(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    from omnilab.kernels.qgemv import qlinear
+    y = qlinear(x, weight, bias, weight.activations or AUTO_ACTIVATIONS[weight.method])
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def _kernel_rows(lib: _Lib | None, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -29,12 +29,20 @@ g = 64, 6 % at g = 128; bf16 scales would read 10 / 5.6 / 3 % fewer bytes (at mo
 bandwidth bound) for a 2^-9 relative change of the grid; not done (the kernel would expand them like gemv.cpp's
 bf16 weights). int8's per-channel scales are 4 B per K-byte row.
 
+Quantize at load (:class:`Quantization`, :func:`quantization_choice`): ``from_pretrained(quantization=,
+quant_group_size=)`` / ``OMNILAB_QUANTIZATION=none|int8|int4`` (the variable wins), the activations per method
+(:data:`AUTO_ACTIVATIONS`, ``OMNILAB_QUANT_ACTIVATIONS``); the strict loader installs the ``QuantizedWeight`` in
+place of each selected ``weight`` parameter and ``kernels.linear`` sends it to ``qgemv.qlinear``.
+
 ``quantize_activations(x)`` is the reference of the kernel's int8-activation mode (dynamic, per row and
 32-wide block of K, symmetric); :func:`int8_act_reference` is that mode's result computed with torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -58,6 +66,7 @@ class QuantizedWeight:
     shape: tuple[int, int]      # (N, K) of the original matrix
     qweight: torch.Tensor       # uint8, int8: [Np/16, Kp/4, 16, 4]; int4: [Np/16, K/8, 16, 4]
     scales: torch.Tensor        # float32 [Np/16, groups, 16]
+    activations: str | None = None  # qlinear's mode when called through kernels.linear (None: per method)
 
     def __post_init__(self):
         n, k = self.shape
@@ -73,6 +82,10 @@ class QuantizedWeight:
             raise ValueError(f"{self.method} layout of a {n}x{k} matrix needs contiguous uint8 qweight {want_q} "
                              f"and float32 scales {want_s}, got {self.qweight.dtype} {tuple(self.qweight.shape)} "
                              f"and {self.scales.dtype} {tuple(self.scales.shape)}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
 
     @property
     def padded_n(self) -> int:
@@ -119,6 +132,14 @@ class QuantizedWeight:
     def __repr__(self) -> str:
         g = "" if self.method == "int8" else f", group_size={self.group_size}"
         return f"QuantizedWeight({self.method}{g}, shape={self.shape}, nbytes={self.nbytes})"
+
+
+def packed_nbytes(shape: tuple[int, int], method: str, group_size: int | None = None) -> int:
+    """:attr:`QuantizedWeight.nbytes` of a [N, K] matrix quantized with ``method`` (without quantizing it)."""
+    n, k = shape
+    np_, kp = _ceil(n, ROWS), (_ceil(k, ACT_BLOCK) if method == "int8" else k)
+    groups = 1 if method == "int8" else k // (group_size or DEFAULT_GROUP_SIZE)
+    return np_ * kp // (1 if method == "int8" else 2) + np_ * groups * 4
 
 
 def from_codes(method: str, codes: torch.Tensor, scales: torch.Tensor, group_size: int | None = None
@@ -226,3 +247,126 @@ def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     ws = qw.row_scales().repeat_interleave(qw.group_size // ACT_BLOCK if qw.method == "int4" else nb, dim=1)
     dots = torch.einsum("rbk,nbk->rnb", xq.float().reshape(-1, nb, ACT_BLOCK), q.reshape(n, nb, ACT_BLOCK))
     return (dots * xs.unsqueeze(1) * ws.unsqueeze(0)).sum(-1).reshape(*x.shape[:-1], n)
+
+
+# ---- quantize at load: the talker's decode matrices ------------------------------------------------------
+QUANT_ENV = "OMNILAB_QUANTIZATION"
+ACT_ENV = "OMNILAB_QUANT_ACTIVATIONS"
+QUANT_MODES = ("none",) + METHODS
+DEFAULT_GROUP_SIZE = 128
+# qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|fp32 overrides): int8 activations add
+# ~0.55 % relative error, negligible next to int4 weights' ~10 % but about doubling int8 weights' ~0.8 %.
+AUTO_ACTIVATIONS = {"int8": "fp32", "int4": "int8"}
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Whether and how the talker's decode matrices (:func:`omnilab.kernels.storage.talker_streamed_name`) are
+    quantized at load (from the file's values; fp32 compute through :func:`omnilab.kernels.qgemv.qlinear`)."""
+
+    method: str                 # "none" | "int8" | "int4"
+    group_size: int | None      # int4: 32 | 64 | 128; None otherwise (int8: one scale per output channel)
+    activations: str | None     # "fp32" | "int8" (None when method is "none")
+    reason: str
+    source: str                 # "default" | "argument" | "env" | "client" (a worker: :func:`from_key`)
+    # which tensors (names without ``talker.``) to quantize: the loader sets storage.talker_streamed_name (:meth:`only`)
+    names: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def label(self) -> str:
+        if not self.enabled:
+            return "none"
+        g = f", group {self.group_size}" if self.method == "int4" else ", per output channel"
+        return f"{self.method} weights{g}, {self.activations} activations"
+
+    def key(self) -> str:
+        """A compact string (``method/group/activations``) that :func:`from_key` turns back into this choice:
+        how the setting travels to stage worker processes (the view config)."""
+        return f"{self.method}/{self.group_size or 0}/{self.activations or ''}"
+
+    def only(self, names: Any) -> "Quantization":
+        """This choice applied to the tensors ``names(name)`` selects."""
+        return dataclasses.replace(self, names=names)
+
+    def selects(self, name: str) -> bool:
+        """Whether the tensor ``name`` is quantized (enabled, and selected by :attr:`names`)."""
+        return self.enabled and self.names is not None and bool(self.names(name))
+
+    def apply(self, w: torch.Tensor) -> QuantizedWeight:
+        return dataclasses.replace(quantize(w, self.method, self.group_size), activations=self.activations)
+
+    def install(self, module: torch.nn.Module, name: str, w: torch.Tensor) -> QuantizedWeight:
+        """Quantize ``w`` and put it in place of the parameter ``name`` of ``module`` (a plain attribute: the
+        parameter leaves ``state_dict``/``parameters``; :func:`omnilab.kernels.linear` dispatches it)."""
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        qw = self.apply(w)
+        del owner._parameters[attr]
+        setattr(owner, attr, qw)
+        return qw
+
+
+def _parse_method(raw: Any, where: str) -> str:
+    key = "none" if raw is None else str(raw).strip().lower()
+    if key not in QUANT_MODES:
+        from omnilab.errors import ConfigError
+        raise ConfigError(f"{where}={raw!r} is not a quantization; accepted: None, {', '.join(map(repr, QUANT_MODES))}")
+    return key
+
+
+def quantization_choice(method: Any = None, group_size: Any = None, env: str | None = None,
+                        act_env: str | None = None, ks: Any = ()) -> Quantization:
+    """The quantization for ``from_pretrained(quantization=, quant_group_size=)``: ``$OMNILAB_QUANTIZATION``
+    (``env``; same values) wins over the argument, like the other ``OMNILAB_*`` overrides. ``ks``: the K (input
+    width) of every matrix to quantize: int4's group must divide each; the default is the largest accepted
+    size up to 128 that does (tiny geometries), a given one that does not is an error."""
+    from omnilab.errors import ConfigError
+    given = (os.environ.get(QUANT_ENV, "") if env is None else env).strip()
+    if given:
+        m, source = _parse_method(given, QUANT_ENV), "env"
+    else:
+        m, source = _parse_method(method, "quantization"), "default" if method is None else "argument"
+    if m != "int4" and group_size is not None and m != "none":
+        raise ConfigError(f"quant_group_size={group_size!r} applies to int4 only (quantization is {m!r}); "
+                          f"int8 has one scale per output channel")
+    if m == "none":
+        why = f"{QUANT_ENV}={given}" if source == "env" else "no quantization requested"
+        return Quantization("none", None, None, f"{why}: decode matrices as stored", source)
+    if m == "int4":
+        if group_size is not None and (isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES):
+            raise ConfigError(f"quant_group_size={group_size!r}; accepted: {', '.join(map(str, INT4_GROUP_SIZES))}"
+                              f" (or None = {DEFAULT_GROUP_SIZE})")
+        ks = sorted(set(int(k) for k in ks))
+        fits = [s for s in INT4_GROUP_SIZES if all(k % s == 0 for k in ks)]
+        if group_size is not None and group_size not in fits:
+            raise ConfigError(f"quant_group_size={group_size} does not divide the input width of every decode matrix "
+                              f"(K = {ks}); accepted here: {', '.join(map(str, fits)) or 'none'}")
+        if not fits:
+            raise ConfigError(f"int4 needs a group size dividing every decode matrix's K = {ks}; none of "
+                              f"{INT4_GROUP_SIZES} does: use int8")
+        g = int(group_size) if group_size is not None else max(fits)
+        gwhy = (f"group {g} (argument quant_group_size)" if group_size is not None else
+                f"group {g} (default: scales are 6 % of the bytes read at 128, 20 % at 32)" if g == DEFAULT_GROUP_SIZE
+                else f"group {g} (default 128 does not divide K = {ks}: the largest accepted size that does)")
+    else:
+        g, gwhy = None, "one scale per output channel"
+    raw_act = (os.environ.get(ACT_ENV, "") if act_env is None else act_env).strip().lower() or "auto"
+    if raw_act not in ("auto", "int8", "fp32"):
+        raise ConfigError(f"{ACT_ENV}={raw_act!r}; accepted: auto, int8, fp32")
+    act = AUTO_ACTIVATIONS[m] if raw_act == "auto" else raw_act
+    awhy = (f"{ACT_ENV}={raw_act}" if raw_act != "auto" else
+            "int8 activations add ~0.55 % relative error: negligible next to int4 weights' ~10 %" if m == "int4"
+            else "fp32 activations: int8 ones would add ~0.55 % relative error, doubling int8 weights' ~0.8 %")
+    src = f"{QUANT_ENV}={given}" if source == "env" else f"quantization={method!r}"
+    return Quantization(m, g, act, f"{src}: talker decode matrices quantized at load ({gwhy}); {awhy}", source)
+
+
+def from_key(key: str, reason: str = "set by the client process") -> Quantization:
+    """The :class:`Quantization` of :meth:`Quantization.key` (worker processes: no environment re-read)."""
+    m, g, act = key.split("/")
+    m = _parse_method(m, "quantization key")
+    return Quantization(m, int(g) or None, act or None, reason, "client")

@@ -126,6 +126,9 @@ class VllmTalkerStage:
         kwargs = engine_kwargs(c, os.environ, model_dir=str(view_dir(m.path)), dtype=dtype,
                                per_token_bytes=kv_bytes_per_token(m.config, m.dtype))
         env = engine_env(c, os.environ, compile_predictor=compile_flag)
+        quant = getattr(m, "quantization", None)
+        if quant is not None and quant.enabled:  # the worker quantizes at load as the client did (model.py)
+            kwargs["hf_overrides"] = {**kwargs["hf_overrides"], "omnilab_quantization": quant.key()}
         set_threads = torch.set_num_threads
         if not c.multiprocess and c.talker_threads is not None:
             torch.set_num_threads(c.talker_threads)

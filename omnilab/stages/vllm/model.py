@@ -12,7 +12,8 @@ Contract:
 - Weights: the ``"omnilab"`` load format (:class:`OmnilabModelLoader`) fills the talker from the
   checkpoint (:func:`omnilab.checkpoint.worker_weights.load_talker_weights`: strict, no mmap, bf16 text table),
   or, in-process, reuses a talker already loaded in this process (:func:`share_talker`), so the weights
-  are never held twice.
+  are never held twice. Quantization: the client's ``Quantization.key()`` arrives as ``omnilab_quantization``
+  in the view config (``hf_overrides``); a worker quantizes at load the same way (same loader, same values).
 - ``hf_config`` is a Qwen3 text config written by :mod:`omnilab.stages.vllm.view` carrying the released
   ``config.json`` as ``omnilab_tts_config`` and the checkpoint path as ``omnilab_checkpoint``.
 """
@@ -33,6 +34,7 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from omnilab.config import Qwen3TTSConfig
 from omnilab.kernels import gemv_choice
+from omnilab.kernels.quant import from_key
 from omnilab.models.layers import rotate_half
 from omnilab.models.talker import Talker
 from omnilab.stages.vllm.config import padded_head_size
@@ -123,6 +125,7 @@ class OmnilabTalkerForVLLM(nn.Module):
         hf = vllm_config.model_config.hf_config
         self.checkpoint = str(hf.omnilab_checkpoint)
         self.share_key = getattr(hf, "omnilab_share_key", None)
+        self.quant_key = getattr(hf, "omnilab_quantization", None)  # Quantization.key() of the client, or None
         self.dtype = vllm_config.model_config.dtype
         self.stack = PagedTalkerStack(vllm_config=vllm_config, prefix=f"{prefix}.stack" if prefix else "stack")
         self.tts_config = self.stack.tts_config
@@ -169,14 +172,24 @@ class OmnilabTalkerForVLLM(nn.Module):
         """Fill ``self.talker``: the in-process shared talker when available, else from the checkpoint.
         Returns ``"shared"`` or ``"disk"``."""
         shared = _SHARED.get(self.share_key) if self.share_key else None
-        source = "shared" if shared is not None and shared.dtype == self.dtype else "disk"
+        quant = from_key(self.quant_key) if self.quant_key else None  # the client's choice (view config)
+        same = shared is not None and shared.dtype == self.dtype and _quant_key(shared) == (self.quant_key or None)
+        source = "shared" if same else "disk"
         self.stack.talker = shared if source == "shared" else \
-            load_talker_weights(self.checkpoint, self.tts_config, self.dtype)
+            load_talker_weights(self.checkpoint, self.tts_config, self.dtype, quantization=quant)
         if source == "disk":
             release_memory()  # the file's bf16 copies read while casting
         self.stack.prepare_rope(self.dtype)
         gemv_choice()
+        if quant is not None and quant.enabled:
+            from omnilab.kernels.qgemv import qgemv_choice
+            qgemv_choice()  # resolve (and build) the quantized kernel at load, not in the first step
         return source
+
+
+def _quant_key(talker: Talker) -> str | None:
+    q = getattr(talker, "quantization", None)
+    return q.key() if q is not None and q.enabled else None
 
 
 @register_model_loader(LOAD_FORMAT)

@@ -281,7 +281,8 @@ class TalkerCPUModelRunner(CPUModelRunner):
                 "step": self.tts_step, "recomputed_frames": self.tts_recomputed_frames,
                 "resumed": self.tts_resumed, "partial_prefills": self.tts_partial_prefills,
                 "predictor_per_row": self.predictor_per_row, "compile_predictor": self.compile_predictor,
-                "gemv": gemv_choice().label, "weights": self._weights_label()}
+                "gemv": gemv_choice().label, "weights": self._weights_label(),
+                "quantization": getattr(getattr(self.talker, "quantization", None), "label", "none")}
 
     def _weights_label(self) -> str:
         storage = getattr(self.talker, "weight_storage", None)
