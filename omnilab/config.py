@@ -232,6 +232,8 @@ class Qwen3TTSConfig:
     tts_pad_token_id: int = TTS_PAD_ID
     tts_bos_token_id: int = TTS_BOS_ID
     tts_eos_token_id: int = TTS_EOS_ID
+    transformers_version: str | None = None  # decides the official text pre-tokenizer (omnilab.tokenizer)
+    model_type: str = "qwen3_tts"
 
     @property
     def has_mtp_projection(self) -> bool:

@@ -22,7 +22,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from omnilab.errors import CheckpointError, InputError
 
@@ -82,7 +82,7 @@ class TextTokenizer:
         self.im_end_id = self._require("<|im_end|>")
 
     @classmethod
-    def from_dir(cls, path: str | Path, pretokenizer: str = "auto") -> "TextTokenizer":
+    def from_dir(cls, path: str | Path, pretokenizer: str = "auto", config: Any = None) -> "TextTokenizer":
         """Load from a checkpoint directory holding vocab.json, merges.txt, tokenizer_config.json.
 
         ``pretokenizer``: ``"qwen2"`` (the Qwen2 regex), ``"official"`` (the regex the official package
@@ -93,7 +93,7 @@ class TextTokenizer:
         if pretokenizer not in PRETOKENIZERS:
             raise InputError(f"pretokenizer {pretokenizer!r} is not known; accepted: {', '.join(PRETOKENIZERS)}")
         if pretokenizer == "auto":
-            pretokenizer = official_pretokenizer_for(path)
+            pretokenizer = official_pretokenizer_for(path, config)
         missing = [n for n in TOKENIZER_FILES if not (path / n).is_file()]
         if missing:
             raise CheckpointError(f"{path}: tokenizer file(s) missing: {', '.join(missing)}")
@@ -157,14 +157,19 @@ def _strip(text: str) -> str:
     return text.strip()
 
 
-def official_pretokenizer_for(path: Path) -> str:
+def official_pretokenizer_for(path: Path, config: Any = None) -> str:
     """``"official"`` if transformers 4.57.3 (used by qwen-tts 0.1.1) would swap in its fixed regex for a
     local checkpoint at ``path``, else ``"qwen2"``: config.json's transformers_version missing or in
-    (4.57.2, 5.0.0) -> swapped; <= 4.57.2 (non-Mistral model type) or >= 5.0.0 -> kept."""
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return "qwen2"
+    (4.57.2, 5.0.0) -> swapped; <= 4.57.2 (non-Mistral model type) or >= 5.0.0 -> kept. ``config``: the
+    already parsed ``Qwen3TTSConfig`` (its ``transformers_version`` / ``model_type``), so config.json is not
+    read again."""
+    if config is not None:
+        cfg = {"transformers_version": config.transformers_version, "model_type": config.model_type}
+    else:
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return "qwen2"
     version = cfg.get("transformers_version")
     if not version:
         return "official"

@@ -178,9 +178,16 @@ def test_from_pretrained_parses_each_config_file_once(tiny_ckpt, monkeypatch):
         real = cls.from_dict.__func__
         monkeypatch.setattr(cls, "from_dict", classmethod(
             lambda c, d, _real=real: parsed.append(c.__name__) or _real(c, d)))
+    import pathlib
+    reads: list[str] = []
+    real_read = pathlib.Path.read_text
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: (
+        reads.append(str(self)) if self.name == "config.json" else None) or real_read(self, *a, **k))
     with Pipeline.from_pretrained(path, backend="eager", dtype="float32", deploy_profile="auto") as pipe:
         assert pipe.profile is not None and pipe.model.config.tts_model_type == "custom_voice"
     assert sorted(parsed) == ["Qwen3TTSConfig", "SpeechTokenizerConfig"], parsed
+    # ... and not read again as raw JSON (the tokenizer takes transformers_version from the parsed config)
+    assert sum(r == str(path / "config.json") for r in reads) <= 1, reads
 
 
 def test_device_and_backend_errors(tiny_ckpt):

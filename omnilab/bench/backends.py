@@ -8,7 +8,7 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
 - modifiers (``MODIFIERS``): ``+compiled`` (vLLM's torch.compile path for the talker, ``enforce_eager=False``),
   ``+inductor`` (the code predictor's MLPs compiled by inductor), and environment switches set while the
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
-  ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``. ``vllm-compiled``, ``vllm-inductor`` and
+  ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` (decode matrices quantized at load). ``vllm-compiled``, ``vllm-inductor`` and
   ``vllm-workers-inductor`` (the former script's names) are aliases.
 
 ``measure`` runs one round of a built configuration: a warm-up request, then each concurrency point
@@ -47,6 +47,8 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+torch-snake": {"OMNILAB_CPU_SNAKE": "torch"},  # code2wav's SnakeBeta as torch's 4 passes
     "+fp32-weights": {"OMNILAB_DECODE_WEIGHTS": "compute"},  # fp32 copies of the bf16 decode matrices
     "+huge-pages": {"OMNILAB_HUGEPAGES": "on"},  # decode weights in a huge-page arena
+    "+int8": {"OMNILAB_QUANTIZATION": "int8"},  # decode matrices quantized at load: int8 per output row
+    "+int4": {"OMNILAB_QUANTIZATION": "int4"},  # ... int4, groups of 128 along K (or the largest that divides K)
 }
 ALIASES = {"vllm-compiled": "vllm+compiled", "vllm-inductor": "vllm+inductor",
            "vllm-workers-inductor": "vllm-workers+inductor"}

@@ -377,7 +377,7 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
     path = validate_checkpoint_dir(resolve_checkpoint(path_or_id))
     config, speech = configs if configs is not None else read_configs(path)
     generation = GenerationDefaults.load(path / "generation_config.json")
-    tokenizer = TextTokenizer.from_dir(path)
+    tokenizer = TextTokenizer.from_dir(path, config=config)
     _check_tokenizer(tokenizer, config)
     is_base = config.tts_model_type == "base"
     want_mimi = is_base if load_encoders == "auto" else bool(load_encoders)

@@ -102,6 +102,7 @@ def test_configuration_names_parse_and_refuse_unknown():
     w = be.parse_config("vllm-workers-inductor+avx2-kernels")
     assert w.workers and w.compile_predictor and w.env == {"OMNILAB_CPU_GEMV": "omnilab-avx2",
                                                             "OMNILAB_CPU_SNAKE": "omnilab-avx2"}
+    assert be.parse_config("eager+int4").env == {"OMNILAB_QUANTIZATION": "int4"}  # quantized at load
     assert be.parse_config("vllm", compile_talker=True).compile_talker  # --compile on
     assert not be.parse_config("eager", compile_talker=True).compile_talker
     with pytest.raises(ValueError, match="unknown base 'vlm'.*accepted: eager, vllm, vllm-workers"):
