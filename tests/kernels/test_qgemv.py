@@ -155,27 +155,28 @@ def test_qgemv_rows_rejects_what_it_cannot_do(lib):
 
 @pytest.mark.parametrize("activations", qgemv.ACTIVATIONS)
 def test_qlinear_dispatch(fresh_choice, activations):
-    """1..16 rows: the kernel; more rows: torch's GEMM over dequantized blocks of 1024 output rows (fp32
-    activations); autograd: the dequantized F.linear; a bf16 input is computed in fp32 and cast back."""
+    """1..16 rows: the kernel; a prefill (17..CHUNKED_MAX_ROWS rows): the kernel over 16-row blocks, so each row
+    equals the same row computed alone (bitwise); beyond: torch's GEMM over dequantized blocks of 1024 output
+    rows (fp32 activations); autograd: the dequantized F.linear; a bf16 input is computed in fp32 and cast back."""
     assert qgemv.qgemv_choice().mode == "omnilab"
     g = torch.Generator().manual_seed(2)
     qw = quant.quantize_int4(torch.randn(1100, 128, generator=g), 64)
     b = torch.randn(1100, generator=g)
     xs = [torch.randn(rows, 128, generator=g) for rows in (1, 4, 16, 17, 40)]
-    want = [qgemv.qgemv_rows(x, qw, b, activations=activations) if len(x) <= 16 else None for x in xs]
+    want = [torch.cat([qgemv.qgemv_rows(r[None], qw, b, activations=activations) for r in x]) for x in xs]
     calls = []
     real = qgemv._call
     fresh_choice.setattr(qgemv, "_call", lambda *a: calls.append(a[4]) or real(*a))
     for x, ref in zip(xs, want):
-        got = qgemv.qlinear(x, qw, b, activations)
-        if ref is not None:
-            assert torch.equal(got, ref)
-        else:
-            _assert_within(got, x, qw, b, "fp32")
-    assert calls == [1, 4, 16]
+        assert torch.equal(qgemv.qlinear(x, qw, b, activations), ref)
+    assert calls == [1, 4, 16, 16, 1, 16, 16, 8]
+    fresh_choice.setattr(qgemv, "CHUNKED_MAX_ROWS", 32)  # beyond it: dequantized blocks, no kernel call
+    calls.clear()
+    _assert_within(qgemv.qlinear(xs[4], qw, b, activations), xs[4], qw, b, "fp32")
+    assert calls == []
     xg = torch.randn(2, 128, requires_grad=True)
     qgemv.qlinear(xg, qw, b, activations).sum().backward()
-    assert xg.grad is not None and calls == [1, 4, 16]
+    assert xg.grad is not None and calls == []
     x16 = xs[1].bfloat16()
     y16 = qgemv.qlinear(x16, qw, b, activations)
     assert y16.dtype == torch.bfloat16
