@@ -105,14 +105,15 @@ class Recorder:
     def step(self, outputs: Iterable[Any], start: tuple[float, float]) -> None:
         """Spans for one talker step that began at ``start``: per request a ``step`` span with its
         phases laid out in engine order (prefill, code predictor, input prep, talker forward, then the
-        rest of the step as ``sampling``), from the ``*_ms`` fields a ``FrameOutput`` reports."""
+        rest of the step as ``sampling``), from the ``*_ms`` fields a ``FrameOutput`` reports (the stage contract
+        of :mod:`omnilab.stages.base`: every field is there, so none is probed)."""
         t1 = time.perf_counter()
         cpu = 1e3 * (time.process_time() - start[1])
         outputs = list(outputs)
         cursor = start[0]
         prefill_at: dict[str, tuple[float, float]] = {}
         for o in outputs:  # prefills run one after another at the start of the step
-            p = float(getattr(o, "prefill_ms", 0.0) or 0.0)
+            p = float(o.prefill_ms or 0.0)
             if p > 0:
                 end = min(cursor + p / 1e3, t1)
                 prefill_at[str(o.request_id)] = (cursor, end)
@@ -120,23 +121,23 @@ class Recorder:
         phases, shared = [], cursor
         for ph, attr in (("code_predictor", "predictor_ms"), ("input_prep", "input_prep_ms"),
                          ("talker_forward", "talker_ms")):
-            ms = float(getattr(outputs[0], attr, 0.0) or 0.0) if outputs else 0.0
+            ms = float(getattr(outputs[0], attr) or 0.0) if outputs else 0.0  # a *_ms field
             if ms > 0:
                 end = min(shared + ms / 1e3, t1)
                 phases.append((ph, shared, end, {}))
                 shared = end
-        reported = float(getattr(outputs[0], "sampling_ms", 0.0) or 0.0) if outputs else 0.0
+        reported = float(outputs[0].sampling_ms or 0.0) if outputs else 0.0
         if phases and reported > 0:
             phases.append(("sampling", shared, t1, {"reported_ms": round(reported, 3)}))
         tid = threading.get_native_id()
         worker_layout: dict = {}
         for o in outputs:
             rid = str(o.request_id)
-            has_frame = getattr(o, "codes", None) is not None
+            has_frame = o.codes is not None
             s = self._emit(Span("step", "talker", rid, start[0], t1, self.pid, tid, int(o.frame_index),
                                 int(has_frame), cpu, attrs={"batch": len(outputs)}))
             # phases ran where the backend says (``worker_pid``/``worker_tid``), else in this thread
-            wpid, wtid = getattr(o, "worker_pid", None) or self.pid, getattr(o, "worker_tid", None) or tid
+            wpid, wtid = o.worker_pid or self.pid, o.worker_tid or tid
             if rid in prefill_at:
                 a, b = prefill_at[rid]
                 self._emit(Span("prefill", "talker", rid, a, b, wpid, wtid, 0, 0, parent_id=s.span_id))
@@ -146,12 +147,12 @@ class Recorder:
                 for ph, a, b, attrs in phases:
                     self._emit(Span(ph, "talker", rid, a, b, wpid, wtid, int(o.frame_index), 0,
                                     parent_id=s.span_id, attrs=dict(attrs)))
-            self.remote(getattr(o, "spans", None) or (), parent_id=s.span_id)
+            self.remote(o.spans or (), parent_id=s.span_id)
             o_open = self._open.get(rid)
             if o_open is not None:
                 o_open.frames += int(has_frame)
-                if getattr(o, "finished", False) and o_open.auto_end:
-                    self.end(rid, getattr(o, "finish_reason", "") or "", end_s=t1)
+                if o.finished and o_open.auto_end:
+                    self.end(rid, o.finish_reason or "", end_s=t1)
 
     def _worker_phases(self, o: Any, rid: str, pid: int, tid: int, t_received: float, layout: dict) -> None:
         """Phases a worker process reported: with their reported durations, ending when the client
@@ -160,7 +161,7 @@ class Recorder:
         rows share it."""
         key = (pid, tid)
         if key not in layout:
-            ms = [(ph, float(getattr(o, attr, 0.0) or 0.0)) for ph, attr in
+            ms = [(ph, float(getattr(o, attr) or 0.0)) for ph, attr in
                   (("code_predictor", "predictor_ms"), ("input_prep", "input_prep_ms"),
                    ("talker_forward", "talker_ms"), ("sampling", "sampling_ms"))]
             t = max(t_received - sum(m for _, m in ms) / 1e3, self._worker_end.get(key, -math.inf))

@@ -4,12 +4,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
+import torch
 
 from omnilab.instrument.hooks import FunctionHook, Hook, Hooks, ProgressHook, ThreadUsageHook, TimingHook, as_hooks
 from omnilab.instrument.recorder import Recorder, clock
+from omnilab.stages.base import FrameOutput
 from omnilab.instrument.sampler import ThreadSampler, cpu_list
 
 KW = dict(speaker="vivian", language="english", max_new_tokens=6, do_sample=False, subtalker_do_sample=False)
@@ -73,8 +74,8 @@ def test_recorder_lays_out_phases_inside_the_step():
     rec.begin("a", clock(), auto_end=True)
     t = clock()
     time.sleep(0.03)
-    out = SimpleNamespace(request_id="a", frame_index=0, codes=object(), finished=True, finish_reason="eos",
-                          prefill_ms=5.0, predictor_ms=10.0, input_prep_ms=1.0, talker_ms=4.0, sampling_ms=50.0)
+    out = FrameOutput("a", 0, torch.zeros(16, dtype=torch.long), True, "eos", 0, prefill_ms=5.0, predictor_ms=10.0,
+                      input_prep_ms=1.0, talker_ms=4.0, sampling_ms=50.0)
     rec.step([out], t)
     assert not rec.is_open("a")  # auto_end closed it on the finished frame
     tr = timing.traces[0]
@@ -95,8 +96,8 @@ def test_recorder_keep_open_and_worker_pid():
     rec = Recorder()
     rec.begin("a", clock(), auto_end=True)
     rec.keep_open("a")
-    out = SimpleNamespace(request_id="a", frame_index=0, codes=object(), finished=True, finish_reason="eos",
-                          predictor_ms=1.0, talker_ms=1.0, worker_pid=4242, worker_tid=4243)
+    out = FrameOutput("a", 0, torch.zeros(16, dtype=torch.long), True, "eos", 0, predictor_ms=1.0, talker_ms=1.0,
+                      worker_pid=4242, worker_tid=4243)
     rec.step([out], clock())
     assert rec.is_open("a")
     tr = rec.end("a", "eos")

@@ -250,3 +250,27 @@ def test_worker_engine_follows_threads_bind_and_kvcache_space(tiny_ckpt, monkeyp
         got, want = _kv_blocks(pipe, 2 * GiB)
         assert got == want
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == bind and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_worker_engine_follows_the_reserved_cpu_count(tiny_ckpt, monkeypatch):
+    """VLLM_CPU_NUM_OF_RESERVED_CPU=1 on the running engine: the plan reserves the last core as vLLM's auto binding
+    does, the talker worker's threads run on the other CPU only, and the worker process sees the variable."""
+    pytest.importorskip("vllm")
+    from omnilab.pipeline import Pipeline
+    from omnilab.profiles.readback import process_environ, read_process
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 usable CPUs")
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    with Pipeline.from_pretrained(tiny_ckpt(), dtype="float32", deploy="workers") as pipe:
+        prof = pipe.profile
+        assert prof.reserved_cpus.source == "env (vLLM) VLLM_CPU_NUM_OF_RESERVED_CPU"
+        reserved = set(prof.reserved_cpus.value)
+        assert len(reserved) == 1 and reserved <= set(cpus)
+        pipe.check_profile()
+        roles = {role: pid for pid, role in pipe.processes().items()}
+        rb = read_process(roles["talker"])
+        talker_cpus = {c for mask in rb.thread_cpus for c in mask}
+        assert talker_cpus and not talker_cpus & reserved
+        assert process_environ(roles["talker"]).get("VLLM_CPU_NUM_OF_RESERVED_CPU") == "1"
