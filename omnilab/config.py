@@ -315,3 +315,38 @@ def _read_json(path: Path) -> dict:
         raise ConfigError(f"missing file: {path}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
+# ---- weight-only quantization of the talker's decode matrices
+# (docs/kernels.md#quantized-decode-matrices-in-the-deploy-profile)
+# The names and group sizes every layer shares: the planner's profile field, the loader, the kernels, the CLI.
+QUANT_METHODS = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128)
+DEFAULT_INT4_GROUP_SIZE = 128
+QUANT_SPELLINGS = "'none', 'int8', 'int4', 'int4-g32', 'int4-g64', 'int4-g128'"
+
+
+def parse_quantization(value: Any, where: str) -> tuple[str, int | None]:
+    """``(method, group_size)`` of a quantization spelling: None / ``"none"`` -> ("none", None); ``"int8"``;
+    ``"int4"`` (group not given: None) or ``"int4-g64"`` (also ``"int4/64"``). ``ConfigError`` otherwise."""
+    key = "none" if value is None else str(value).strip().lower()
+    method, _, group = key.replace("/", "-g", 1).partition("-g")
+    if isinstance(value, bool) or method not in ("none",) + QUANT_METHODS or (group and method != "int4"):
+        raise ConfigError(f"{where}={value!r} is not a quantization; accepted: {QUANT_SPELLINGS}")
+    if not group:
+        return method, None
+    if not group.isdigit() or int(group) not in INT4_GROUP_SIZES:
+        raise ConfigError(f"{where}={value!r}: int4 group size {group!r}; accepted: "
+                          f"{', '.join(map(str, INT4_GROUP_SIZES))}")
+    return method, int(group)
+
+
+def quantization_spelling(method: str, group_size: int | None = None) -> str:
+    """The canonical spelling (``"none"``, ``"int8"``, ``"int4-g128"``; ``"int4"`` while the group is open)."""
+    return f"int4-g{group_size}" if method == "int4" and group_size else method
+
+
+def int4_groups_fitting(ks: Any) -> tuple[int, ...]:
+    """The int4 group sizes that divide every decode matrix's input width K (a group never spans two rows)."""
+    ks = sorted({int(k) for k in ks})
+    return tuple(s for s in INT4_GROUP_SIZES if all(k % s == 0 for k in ks))

@@ -1,9 +1,9 @@
 """Turn ``Pipeline.from_pretrained``'s deployment arguments into what the stages are built with.
 
 Contract: ``prepare(checkpoint_dir, backend=, deploy_profile=, deploy=, dtype=, num_threads=,
-max_concurrency=, chunk_schedule=, model_config=) -> Deployment`` resolves the deploy profile (``"auto"``, a preset
+max_concurrency=, chunk_schedule=, model_config=, quantization=) -> Deployment`` resolves the deploy profile (``"auto"``, a preset
 name, a YAML path, a ``DeployProfile``, or None for none) for this machine and this checkpoint, folds
-the explicit arguments into it (``dtype``/``num_threads``/``max_concurrency`` re-plan as argument
+the explicit arguments into it (``dtype``/``num_threads``/``max_concurrency``/``quantization`` re-plan as argument
 overrides; ``OMNILAB_*`` variables still win, as everywhere in ``omnilab.profiles``), and decides where
 each stage runs:
 
@@ -53,8 +53,17 @@ class Deployment:
     hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
     weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
     snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
+    code2wav_dtype: Any = None     # omnilab.kernels.code2wav_dtype.Code2WavDtype of code2wav's conv decoder (idem)
     quantization: Any = None       # QuantizationRow of the talker's decode matrices (idem; None: not resolved)
     not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
+
+    def quantization_request(self, method: Any, group_size: Any) -> tuple[Any, Any]:
+        """``(method, group_size)`` the loader quantizes with: the profile's ``quantization`` field where there is a
+        profile (it folded the arguments in; ``OMNILAB_*`` wins there too), else the arguments as given."""
+        if self.profile is None:
+            return method, group_size
+        from omnilab.config import parse_quantization
+        return parse_quantization(self.profile.quantization.value, "profile quantization")
 
     def rows(self) -> list[tuple[str, str]]:
         p = self.profile
@@ -73,6 +82,8 @@ class Deployment:
             out.append(("decode weight pages", f"{self.hugepages.label}: {self.hugepages.reason}"))
         if self.snake is not None:
             out.append(("code2wav activation", f"{self.snake.label}: {self.snake.reason}"))
+        if self.code2wav_dtype is not None:
+            out.append(("code2wav dtype", f"{self.code2wav_dtype.label}: {self.code2wav_dtype.reason}"))
         if self.quantization is not None:
             out.append(("quantization", self.quantization.text()))
         out += [(f"not applied: {name}", why) for name, why in self.not_applied]
@@ -112,25 +123,27 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
     ``weights``: the ``WeightStorage`` (bf16 kept or not), ``compute``: the compute torch dtype."""
     import torch
 
-    from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
-    from omnilab.kernels.quant import packed_nbytes, quantization_choice
+    from omnilab.checkpoint.quantized import quantization_for
+    from omnilab.kernels.quant import packed_nbytes
     from omnilab.kernels.storage import talker_streamed_name
 
-    index = TensorIndex(weight_files(Path(checkpoint_dir), "model"))
+    # a pack-quantized checkpoint: its own quantization, its packed matrices seen at their [N, K] (docs/quantization.md)
+    choice, index = quantization_for(Path(checkpoint_dir), method, group_size)
     names = [k for k in index.where if k.startswith("talker.") and talker_streamed_name(k.removeprefix("talker."))]
-    choice = quantization_choice(method, group_size, ks=[index.shape(k)[1] for k in names])
     before = after = 0
     for full in names:
         name = full.removeprefix("talker.")
         shape, fd = index.shape(full), index.dtype(full)
         stored = fd if (weights is not None and weights.keeps_bf16(name, fd)) or not fd.is_floating_point else compute
-        before += int(torch.Size(shape).numel()) * torch.empty((), dtype=stored).element_size()
-        after += packed_nbytes(tuple(shape), choice.method, choice.group_size) if choice.enabled else 0
+        plain = int(torch.Size(shape).numel()) * torch.empty((), dtype=stored).element_size()
+        before += plain
+        packed = choice.enabled and (choice.names is None or choice.selects(name))  # a checkpoint's: those it packs
+        after += packed_nbytes(tuple(shape), choice.method, choice.group_size) if packed else plain
     kernel = None
     if choice.enabled:
         from omnilab.kernels.qgemv import qgemv_choice
         kernel = qgemv_choice().label
-    return QuantizationRow(choice, before, after if choice.enabled else before, kernel)
+    return QuantizationRow(choice, before, after, kernel)
 
 
 def _dtype_name(dtype: Any) -> str | None:
@@ -141,8 +154,27 @@ def _dtype_name(dtype: Any) -> str | None:
     return "float32" if str(d) == "torch.float32" else "bfloat16"
 
 
+def quantization_spelling(quantization: Any, group_size: Any) -> str | None:
+    """``from_pretrained``'s ``quantization=`` / ``quant_group_size=`` as one profile spelling (None: not given):
+    ``("int4", 64)`` -> ``"int4-g64"``; a group with another method is a ``ConfigError``."""
+    from omnilab.config import parse_quantization
+    from omnilab.errors import ConfigError
+
+    if quantization is None and group_size is None:
+        return None
+    method, group = parse_quantization(quantization, "quantization")
+    if group_size is not None:
+        if method != "int4" or (group is not None and group != group_size):
+            raise ConfigError(f"quant_group_size={group_size!r} applies to int4 only and must agree with the "
+                              f"spelling (quantization={quantization!r}); int8 has one scale per output channel")
+        parse_quantization(f"int4-g{group_size}", "quant_group_size")  # names the accepted sizes
+        group = group_size
+    return f"int4-g{group}" if method == "int4" and group else method
+
+
 def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = None, num_threads: int | None = None,
-                             max_concurrency: int | None = None, model_config: Any = None):
+                             max_concurrency: int | None = None, model_config: Any = None,
+                             quantization: str | None = None):
     """The ``DeployProfile`` for ``from_pretrained``'s ``deploy_profile`` and explicit arguments (or None).
     ``model_config``: the checkpoint's geometry (see ``omnilab.profiles.planner.as_geometry``; a ``ModelGeometry``
     from configs already parsed), None = read from ``checkpoint_dir``."""
@@ -162,12 +194,21 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
         if max_concurrency is not None and max_concurrency > profile.max_num_seqs.value:
             raise InputError(f"max_concurrency={max_concurrency} is above the given DeployProfile's max_num_seqs="
                              f"{profile.max_num_seqs.value}")
+        if quantization is not None:
+            from omnilab.profiles.quantization import resolve_quantization
+            q = resolve_quantization(as_geometry(model_config if model_config is not None else checkpoint_dir),
+                                     quantization)
+            profile = profile.replace(quantization=q) if q.value != profile.quantization.value else profile
         return profile.replace(dtype=name) if name and name != profile.dtype.value else profile
     if not (isinstance(spec, (str, Path)) or hasattr(spec, "keys")):
         raise InputError(f"deploy_profile {spec!r} is not understood; accepted: 'auto', a preset name, a YAML path, "
                          "a DeployProfile, or None")
-    overrides = {k: v for k, v in (("dtype", name), ("talker_threads", num_threads)) if v is not None}
+    overrides = {k: v for k, v in (("dtype", name), ("talker_threads", num_threads), ("quantization", quantization))
+                 if v is not None}
     kwargs: dict[str, Any] = {"overrides": overrides} if overrides else {}
+    if name is None:  # an open dtype follows the timing of this machine's linear paths (OMNILAB_PLAN_TIMING)
+        from omnilab.kernels.timing import path_times
+        kwargs["path_times"] = path_times()
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency
     geometry = as_geometry(model_config if model_config is not None else checkpoint_dir)
@@ -182,7 +223,7 @@ def _chunk_schedule(profile):
 
 def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto", deploy: Any = None,
             dtype: Any = None, num_threads: int | None = None, max_concurrency: int | None = None,
-            chunk_schedule: Any = None, model_config: Any = None) -> Deployment:
+            chunk_schedule: Any = None, model_config: Any = None, quantization: str | None = None) -> Deployment:
     """Resolve profile and placement (see the module docstring). ``model_config``: the checkpoint's geometry
     when the caller has parsed its configs already (``ModelGeometry``; None = read from ``checkpoint_dir``)."""
     if num_threads is not None and (not isinstance(num_threads, int) or isinstance(num_threads, bool)
@@ -197,7 +238,8 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     if backend == "eager" and deploy not in (None, "auto", "inprocess"):
         raise InputError(f"deploy={deploy!r} applies to backend='vllm' only (the eager backend runs in this process)")
     profile = resolve_pipeline_profile(checkpoint_dir, deploy_profile, dtype=dtype, num_threads=num_threads,
-                                       max_concurrency=max_concurrency, model_config=model_config)
+                                       max_concurrency=max_concurrency, model_config=model_config,
+                                       quantization=quantization)
     if backend == "eager":
         mode, why = "inprocess", "the eager backend runs both stages in this process"
     elif deploy is not None and not isinstance(deploy, str):  # an explicit VllmDeploy / VllmStageConfig / dict

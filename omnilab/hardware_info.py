@@ -216,3 +216,27 @@ def native_bf16(flags: frozenset[str] | set[str], arch: str) -> tuple[bool, str]
     if found:
         return True, f"x86 with {', '.join(found)}"
     return False, "x86 without avx512_bf16/amx_bf16: bf16 would be emulated (about 3x slower than fp32 here)"
+
+
+# ---- which build of omnilab's kernels a CPU gets (plain: `omnilab plan` says it without torch; kernels/ build them)
+def select_isa(flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
+    """``(isa, reason)`` for the CPU flags: avx512 with ``avx512f``, avx2 with ``avx2`` + ``fma``, else None."""
+    if "avx512f" in flags:
+        return "avx512", "CPU has avx512f (16-lane fp32 FMA)"
+    if {"avx2", "fma"} <= set(flags):
+        return "avx2", "CPU has avx2 + fma (8-lane fp32 FMA), no avx512f"
+    return None, "CPU has neither avx512f nor avx2 + fma"
+
+
+def avx512_without_vnni(flags: frozenset[str] | set[str]) -> bool:
+    """The quantized GEMV's avx512 build uses ``vpdpbusd``: such a CPU runs its avx2 build."""
+    return "avx512f" in flags and "avx512_vnni" not in flags
+
+
+def kernel_isas(flags: frozenset[str] | set[str]) -> dict[str, str]:
+    """The build of each omnilab kernel ``auto`` picks on a CPU with ``flags`` (before any override or build)."""
+    isa = select_isa(flags)[0]
+    q = "avx2" if isa == "avx512" and avx512_without_vnni(flags) else isa
+    name = lambda i, note="": f"omnilab-{i}{note}" if i else "torch (no avx512f / avx2 + fma)"  # noqa: E731
+    return {"GEMV (decode linears)": name(isa), "quantized GEMV (int8/int4)": name(q, " (vpdpbusd)" if q == "avx512"
+            else " (vpmaddubsw)" if q else ""), "SnakeBeta (code2wav)": name(isa)}

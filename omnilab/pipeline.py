@@ -132,15 +132,17 @@ class Pipeline:
             chunk_schedule: streaming chunk sizes (default: the profile's; without one 1 frame, then 25).
             hooks: instrumentation (``omnilab.instrument.hooks``): a ``Hook``, a callable ``fn(span)``, or a list;
                 e.g. ``[TimingHook(), ThreadUsageHook()]``. Every result carries a ``Trace`` either way.
-            quantization: None/"none", "int8", "int4": decode matrices quantized at load (``OMNILAB_QUANTIZATION``
-                wins; ``pipe.deployment`` row "quantization"); quant_group_size: int4's 32/64/128 (None = 128).
+            quantization: None/"none", "int8", "int4" or "int4-g32|64|128": decode matrices quantized at load
+                (``OMNILAB_QUANTIZATION`` wins; the profile's ``quantization`` field, and ``pipe.deployment``'s
+                row); quant_group_size: int4's 32/64/128 (None = 128, or the largest dividing every K).
         """
         if not isinstance(device, str) or device.lower() != "cpu":
             raise UnsupportedError(f"device {device!r} is not supported: omnilab runs on CPUs; accepted: 'cpu'")
         if backend not in BACKENDS:
             raise InputError(f"backend {backend!r} is not known; accepted: {', '.join(BACKENDS)}")
-        from omnilab.deployment import prepare
-        from omnilab.checkpoint.load import load_model, read_configs, resolve_checkpoint, validate_checkpoint_dir
+        from omnilab.deployment import prepare, quantization_row, quantization_spelling
+        from omnilab.checkpoint.load import (load_model, read_configs, resolve_checkpoint, resolve_dtype,
+                                             validate_checkpoint_dir)
         from omnilab.profiles.planner import as_geometry
         from omnilab.stages.code2wav.stage import Code2WavStage
         from omnilab.stages.eager import EagerTalkerStage
@@ -152,32 +154,34 @@ class Pipeline:
         configs = read_configs(path)  # parsed once: the deploy profile's geometry and the loader both use them
         dep = prepare(path, backend=backend, deploy_profile=deploy_profile, deploy=deploy, dtype=dtype,
                       num_threads=num_threads, max_concurrency=max_concurrency, chunk_schedule=chunk_schedule,
-                      model_config=as_geometry(*configs, where=path))
+                      model_config=as_geometry(*configs, where=path),
+                      quantization=quantization_spelling(quantization, quant_group_size))
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
         from omnilab.kernels import gemv_choice
         from omnilab.kernels.hugepages import hugepages_choice
+        from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
         from omnilab.kernels.snake import snake_choice
         from omnilab.kernels.storage import weight_storage_choice
-        from omnilab.checkpoint.load import resolve_dtype
-        from omnilab.deployment import quantization_row
         # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES / OMNILAB_DECODE_WEIGHTS / OMNILAB_CPU_SNAKE /
         # OMNILAB_QUANTIZATION fails now (before any worker starts); builds the kernels once per machine
         weights = weight_storage_choice(compute := resolve_dtype(dep.dtype)[0])
-        quant_row = quantization_row(path, quantization, quant_group_size, weights, compute)
+        quant_row = quantization_row(path, *dep.quantization_request(quantization, quant_group_size), weights, compute)
         quant = quant_row.choice
         dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(), weights=weights,
-                                  snake=snake_choice(), quantization=quant_row)
+                                  snake=snake_choice(), quantization=quant_row,
+                                  code2wav_dtype=code2wav_dtype_choice(compute))  # OMNILAB_CODE2WAV_DTYPE
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm.deploy import build_stages, client_load_options
             model = load_model(path, dtype=dep.dtype, configs=configs, quantization=quant,
                                **client_load_options(dep.vllm_deploy))
-            talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy)
+            talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy, code2wav_dtype=dep.code2wav_dtype)
         else:
             model = load_model(path, dtype=dep.dtype, configs=configs, quantization=quant)
             c2w_threads = dep.profile.threads("code2wav") if dep.profile is not None else None
-            talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav, threads=c2w_threads)
+            talker_stage = EagerTalkerStage(model)
+            code2wav_stage = Code2WavStage(model.code2wav, threads=c2w_threads, dtype=dep.code2wav_dtype)
         return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,
                    hooks=hooks, deployment=dep)
 

@@ -17,7 +17,9 @@ PKG = Path(__file__).resolve().parents[1] / "omnilab"
 # lower layers must never import these (the random-checkpoint factory, the stages, the facade, display)
 LOW = ("omnilab.kernels", "omnilab.models", "omnilab.profiles")
 HIGH = ("omnilab.checkpoint.random", "omnilab.stages", "omnilab.pipeline", "omnilab.display", "omnilab.deployment",
-        "omnilab.bench", "omnilab.cli")
+        "omnilab.bench", "omnilab.cli", "omnilab.quality")
+# the edges (layer 7): nothing below them may import omnilab.quality (bench/ and cli/ may)
+EDGES = ("omnilab.display", "omnilab.bench", "omnilab.cli", "omnilab.quality")
 # leaves: modules every layer may import, which import no other omnilab layer themselves
 LEAVES = ("omnilab.errors", "omnilab.paths", "omnilab.config")
 
@@ -103,6 +105,12 @@ def test_no_import_circle(graph):
 
 def test_lower_layers_do_not_import_upward(graph):
     bad = sorted(f"{a} -> {b}" for a, deps in graph.items() if _under(a, LOW) for b in deps if _under(b, HIGH))
+    assert bad == []
+
+
+def test_only_edges_import_quality(graph):
+    bad = sorted(f"{a} -> {b}" for a, deps in graph.items() if not _under(a, EDGES) for b in deps
+                 if _under(b, ("omnilab.quality",)))
     assert bad == []
 
 

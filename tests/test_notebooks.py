@@ -17,7 +17,8 @@ pytest.importorskip("ipykernel")
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 WANTS = {"00_quickstart": {"audio", "image"}, "01_stepwise_talker_and_code2wav": {"audio", "image"},
-         "02_latency_and_threads": {"image"}, "03_deploy_profiles": {"image"}, "04_benchmark_analysis": {"image"}}
+         "02_latency_and_threads": {"image"}, "03_deploy_profiles": {"image"}, "04_benchmark_analysis": {"image"},
+         "05_quantization": {"audio", "image"}}
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
 

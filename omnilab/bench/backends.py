@@ -8,7 +8,10 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
 - modifiers (``MODIFIERS``): ``+compiled`` (vLLM's torch.compile path for the talker, ``enforce_eager=False``),
   ``+inductor`` (the code predictor's MLPs compiled by inductor), and environment switches set while the
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
-  ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` (decode matrices quantized at load). ``vllm-compiled``, ``vllm-inductor`` and
+  ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` / ``+int4-g32`` / ``+int4-g64`` (decode
+  matrices quantized at load); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute dtype (``+auto``: what a user
+  who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses configurations with ``--quantization`` and
+  ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and
   ``vllm-workers-inductor`` (the former script's names) are aliases.
 
 ``measure`` runs one round of a built configuration: a warm-up request, then each concurrency point
@@ -49,7 +52,10 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+huge-pages": {"OMNILAB_HUGEPAGES": "on"},  # decode weights in a huge-page arena
     "+int8": {"OMNILAB_QUANTIZATION": "int8"},  # decode matrices quantized at load: int8 per output row
     "+int4": {"OMNILAB_QUANTIZATION": "int4"},  # ... int4, groups of 128 along K (or the largest that divides K)
+    "+int4-g32": {"OMNILAB_QUANTIZATION": "int4-g32"}, "+int4-g64": {"OMNILAB_QUANTIZATION": "int4-g64"},
+    "+fp32": {}, "+bf16": {}, "+auto": {},  # the compute dtype asked for (DTYPE_SUFFIXES; default: --dtype)
 }
+DTYPE_SUFFIXES = {"+fp32": "float32", "+bf16": "bfloat16", "+auto": "auto"}  # "auto": dtype=None, the planner's rule
 ALIASES = {"vllm-compiled": "vllm+compiled", "vllm-inductor": "vllm+inductor",
            "vllm-workers-inductor": "vllm-workers+inductor"}
 MODIFIER_VARS = tuple(sorted({v for env in MODIFIERS.values() for v in env}))
@@ -64,6 +70,12 @@ class Config:
     compile_talker: bool = False
     compile_predictor: bool = False
     env: dict = field(default_factory=dict)
+    dtype: str | None = None      # the compute dtype asked for (DTYPE_SUFFIXES); None: the bench's --dtype
+
+    def dtype_arg(self, default: str) -> str | None:
+        """``from_pretrained``'s ``dtype=``: the suffix's or ``default``; ``auto`` -> None (the planner's rule)."""
+        d = self.dtype or default
+        return None if d == "auto" else d
 
     @property
     def workers(self) -> bool:
@@ -87,7 +99,30 @@ def parse_config(name: str, compile_talker: bool = False) -> Config:
     compiled, inductor = "compiled" in mods, "inductor" in mods
     if base == "eager" and (compiled or inductor):
         raise ValueError(f"configuration {name!r}: +compiled / +inductor apply to the vllm bases only")
-    return Config(full, base, compiled or (compile_talker and base != "eager"), inductor, env)
+    dtypes = [DTYPE_SUFFIXES["+" + m] for m in mods if "+" + m in DTYPE_SUFFIXES]
+    if len(dtypes) > 1:
+        raise ValueError(f"configuration {name!r}: more than one dtype suffix ({', '.join(DTYPE_SUFFIXES)})")
+    return Config(full, base, compiled or (compile_talker and base != "eager"), inductor, env,
+                  dtypes[0] if dtypes else None)
+
+
+QUANT_SUFFIX = {"none": "", "int8": "+int8", "int4": "+int4", "int4-g32": "+int4-g32", "int4-g64": "+int4-g64",
+                "int4-g128": "+int4"}
+DTYPE_SUFFIX = {"float32": "+fp32", "fp32": "+fp32", "bfloat16": "+bf16", "bf16": "+bf16", "auto": "+auto"}
+
+
+def expand(configs: tuple[str, ...], quantizations: tuple[str, ...] = (),
+           dtypes: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every configuration crossed with the ``--quantization`` list (``none`` adds no suffix) and, when more than one
+    dtype is listed, the ``--dtype`` list (a suffix each): ``expand(("vllm",), ("none", "int4"), ("auto", "float32"))``
+    -> ``vllm+auto, vllm+fp32, vllm+int4+auto, vllm+int4+fp32``."""
+    bad = [q for q in quantizations if q not in QUANT_SUFFIX] + [d for d in dtypes if d not in DTYPE_SUFFIX]
+    if bad:
+        raise ValueError(f"--quantization/--dtype value(s) {', '.join(map(repr, bad))}; accepted: quantization "
+                         f"{', '.join(QUANT_SUFFIX)}; dtype auto, float32, bfloat16")
+    dsuf = [DTYPE_SUFFIX[d] for d in dtypes] if len(dtypes) > 1 else [""]
+    return tuple(dict.fromkeys(c + QUANT_SUFFIX[q] + d for c in configs for q in (quantizations or ("none",))
+                               for d in dsuf))
 
 
 @contextlib.contextmanager
@@ -131,9 +166,9 @@ def build(cfg: Config, ckpt: Path, s: Any):
 
     from omnilab.pipeline import Pipeline
 
-    max_conc = max(s.concurrency)
+    max_conc, dtype = max(s.concurrency), cfg.dtype_arg(s.dtype)
     if cfg.base == "eager":
-        return Pipeline.from_pretrained(ckpt, backend="eager", dtype=s.dtype, num_threads=s.threads, deploy_profile=None)
+        return Pipeline.from_pretrained(ckpt, backend="eager", dtype=dtype, num_threads=s.threads, deploy_profile=None)
     from omnilab.stages.vllm.config import VllmStageConfig
     from omnilab.stages.vllm.deploy import VllmDeploy
 
@@ -143,29 +178,36 @@ def build(cfg: Config, ckpt: Path, s: Any):
         if s.talker_cpus is None and s.code2wav_cpus is None:  # what users get: the auto profile
             from omnilab.deployment import prepare
 
-            d = prepare(Path(ckpt), backend="vllm", deploy="workers", dtype=s.dtype, num_threads=s.threads,
+            d = prepare(Path(ckpt), backend="vllm", deploy="workers", dtype=dtype, num_threads=s.threads,
                         max_concurrency=max_conc).vllm_deploy
             # the profile's KV budget stays (the workers' environment is derived from it and must agree)
             talker = dataclasses.replace(d.talker, max_model_len=s.max_model_len, enforce_eager=not cfg.compile_talker,
                                          compile_predictor=cfg.compile_predictor)
-            return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=s.dtype, deploy=dataclasses.replace(d, talker=talker))
+            return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=dtype, deploy=dataclasses.replace(d, talker=talker))
         cpus = sorted(os.sched_getaffinity(0))
         talker_cpus = tuple(cpus[:s.threads]) if s.talker_cpus is None else tuple(s.talker_cpus)
         c2w_cpus = (cpus[-1],) if s.code2wav_cpus is None else tuple(s.code2wav_cpus)
         deploy = VllmDeploy(VllmStageConfig(multiprocess=True, talker_cpus=talker_cpus, talker_threads=len(talker_cpus),
                                             **common),
                             code2wav="process", code2wav_cpus=c2w_cpus, code2wav_threads=len(c2w_cpus))
-        return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=s.dtype, deploy=deploy)
+        return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=dtype, deploy=deploy)
     torch.set_num_threads(s.threads)
-    return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=s.dtype, deploy_profile=None,
+    return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=dtype, deploy_profile=None,
                                     deploy=VllmDeploy(VllmStageConfig(talker_threads=s.threads, **common),
                                                       code2wav="inprocess"))
 
 
 def labels(pipe: Any) -> dict[str, Any]:
     """What the pipeline resolved: GEMV, SnakeBeta, weight storage, and its processes."""
+    from omnilab.bench.floors import decode_bytes_per_frame
+
     dep = pipe.deployment
+    q = dep.quantization.choice if dep.quantization is not None else None
     return {"gemv": dep.gemv.label, "snake": dep.snake.label, "weights": dep.weights.label,
+            "dtype_ran": str(pipe.model.dtype).replace("torch.", ""), "dtype_reason": pipe.model.dtype_reason,
+            "quantization": "none" if q is None or not q.enabled else
+            (f"int4-g{q.group_size}" if q.method == "int4" else q.method),
+            "decode_bytes_per_frame": decode_bytes_per_frame(pipe.model.talker),
             "processes": {str(k): v for k, v in pipe.processes().items()}}
 
 

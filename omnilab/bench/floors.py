@@ -3,7 +3,8 @@
 - ``bytes_per_frame``: weights the talker step reads per frame at batch 1 (checkpoint tensor shapes):
   1 talker decode + 15 code-predictor passes. code2wav is compute-bound and excluded.
 - ``measure_gemv_bandwidth``: best ``W @ x`` throughput over a matrix far larger than the caches (the
-  all-DRAM figure).
+  all-DRAM figure); ``measure_stream_read``: best ``x.sum()`` over such a tensor (the streaming read bandwidth).
+- ``decode_bytes_per_frame``: those bytes as the loaded talker stores them (bf16 storage, quantized codes).
 - ``measure_frame_floor``: the same bytes as one frame as pure GEMVs (a talker-sized matrix once, a
   predictor-sized matrix 15 times, so cache reuse counts as in the real step): the time a frame cannot beat.
 
@@ -69,6 +70,54 @@ def measure_gemv_bandwidth(mib: int = 1024, reps: int = 5, threads: int | None =
     return {"gemv_mib": nbytes / 2**20, "bytes": float(nbytes), "seconds": times[0],
             "gbps": nbytes / times[0] / 1e9, "gbps_median": nbytes / times[len(times) // 2] / 1e9,
             "threads": used, "reps": reps}
+
+
+def measure_stream_read(mib: int = 1024, reps: int = 5, threads: int | None = None) -> dict[str, float]:
+    """The machine's streaming read bandwidth: ``x.sum()`` over an fp32 tensor of ``mib`` MiB (far above the
+    last-level cache), ``reps`` timed runs after one warm-up; ``gbps`` = bytes / best run / 1e9. What a decode
+    step's weight reads are measured against (``effective_gbps`` / ``stream_read_gbps``)."""
+    import torch
+
+    with _threads(threads) as used:
+        x = torch.full((max(int(mib) * 2**20 // 4, 1),), 0.5, dtype=torch.float32)
+        x.sum()
+        times = []
+        for _ in range(reps):
+            t = _clock()
+            x.sum()
+            times.append(_clock() - t)
+        nbytes = x.numel() * 4
+        del x
+    times.sort()
+    return {"stream_mib": nbytes / 2**20, "bytes": float(nbytes), "seconds": times[0],
+            "gbps": nbytes / times[0] / 1e9, "gbps_median": nbytes / times[len(times) // 2] / 1e9,
+            "threads": used, "reps": reps}
+
+
+def _nbytes(w) -> int:
+    """Bytes a decode step streams for one matrix: a ``QuantizedWeight``'s codes + scales, a tensor's storage."""
+    return int(w.nbytes) if not hasattr(w, "element_size") else w.numel() * w.element_size()
+
+
+def decode_bytes_per_frame(talker) -> float | None:
+    """Weight bytes one frame's decode step reads at batch 1, from the loaded ``Talker`` as it is stored (bf16
+    storage, quantized codes and scales): the talker's decode matrices once, the code predictor's layers and
+    projection once per predicted codebook (15), each predictor head once. None when the talker lives in a worker
+    process (not loaded here). What ``effective_gbps`` divides by the step time."""
+    if talker is None:
+        return None
+    from omnilab.kernels.storage import talker_streamed_name
+
+    passes = len(talker.code_predictor.lm_head)
+    total = 0
+    for mod_name, mod in talker.named_modules():
+        w = mod.__dict__.get("weight") if "weight" not in mod._parameters else mod._parameters["weight"]
+        name = f"{mod_name}.weight"
+        if w is None or not talker_streamed_name(name):
+            continue
+        per_pass = name.startswith(("code_predictor.model.layers.", "code_predictor.small_to_mtp_projection."))
+        total += _nbytes(w) * (passes if per_pass else 1)
+    return float(total)
 
 
 def measure_frame_floor(bpf: dict[str, float], dtype_name: str = "float32", reps: int = 5,

@@ -4,6 +4,9 @@ The JSON (``BenchResult.to_dict``; read back with ``load_bench``):
 
 - ``command``: the exact command line (``omnilab bench ...``) and ``environment``: the ``OMNILAB_*`` and ISA-cap
   variables it ran under; ``meta``: machine, checkpoint, settings, bandwidth probe, bytes per frame, notes;
+- ``points``: one per configuration in a fixed shape (``BenchResult.points``: backend, dtype asked and run,
+  quantization, ms per frame, RTF, frames/s, TTFA, ``effective_gbps``, ``fidelity``), beside ``gemv_gbps`` and
+  ``stream_read_gbps`` (the machine's bandwidth probes);
 - ``rows``: one per configuration (and the reference row), each with the keys the table prints
   (``TABLE_COLUMNS``) and more (labels, ranges over rounds, code2wav chunk costs);
 - ``rounds``: per round, the order the configurations ran in and the floor measured before it;
@@ -73,6 +76,9 @@ TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("c2w 100f ms/frame", ("code2wav_100f_ms_per_frame",), _ms),
     ("c2w stream ms/frame", ("code2wav_stream_steady_ms_per_frame",), _ms),
     ("c2w 1-frame chunk ms", ("code2wav_1f_chunk_ms",), _ms),
+    ("decode GB/s", ("effective_gbps",), "{:.1f}"),
+    ("c0 agree", ("fidelity_c0_agreement",), "{:.3f}"), ("c0 KL", ("fidelity_c0_kl_mean",), "{:.2g}"),
+    ("cp agree", ("fidelity_cp_agreement",), "{:.3f}"), ("wave SNR dB", ("fidelity_wave_snr_db",), "{:.1f}"),
     ("peak RSS GiB", ("peak_rss_gib",), "{:.2f}"), ("init s", ("init_s",), "{:.0f}"),
     ("run-queue wait %", ("wait_pct",), "{:.0f}"),
 )
@@ -126,8 +132,28 @@ class BenchResult:
                          f"{', '.join(self.noisy())}; those figures are inflated (rerun on a quieter host)")
         return "\n".join(lines)
 
+    def points(self) -> list[dict[str, Any]]:
+        """One record per configuration in the published shape (``points`` of the JSON): what was asked and what
+        ran, the speed figures of one stream, the largest concurrency's frames/s, fidelity, decode bandwidth."""
+        out = []
+        for r in self.rows:
+            if r.get("config") == "reference":
+                continue
+            out.append({"config": r["config"], "backend": str(r["config"]).split("+")[0],
+                        "dtype_requested": r.get("dtype_requested"), "dtype": r.get("dtype_ran"),
+                        "quantization": r.get("quantization"), "talker_ms_per_frame": r.get("step_ms"),
+                        "code2wav_ms_per_frame": r.get("code2wav_ms_per_frame"), "rtf_mean": r.get("rtf"),
+                        "frames_per_s": r.get("frames_per_s"), "n_streams": r.get("n_streams"),
+                        "n_frames_per_s": r.get("n_frames_per_s"), "ttfa_ms_p50": r.get("ttfa_ms"),
+                        "decode_bytes_per_frame": r.get("decode_bytes_per_frame"),
+                        "effective_gbps": r.get("effective_gbps"), "fidelity": r.get("fidelity"),
+                        "wait_pct": r.get("wait_pct")})
+        return out
+
     def to_dict(self) -> dict[str, Any]:
+        bw, sr = self.meta.get("bandwidth") or {}, self.meta.get("stream_read") or {}
         return {"bench": "omnilab", "command": self.command, "environment": self.environment, "meta": self.meta,
+                "gemv_gbps": bw.get("gbps"), "stream_read_gbps": sr.get("gbps"), "points": self.points(),
                 "rows": self.rows, "rounds": self.rounds, "summary": self.summary.to_dict("records"),
                 "requests": self.requests.to_dict("records")}
 

@@ -49,6 +49,7 @@ EXAMPLES = """examples:
   omnilab bench --size 0.6b --configs eager,vllm,vllm-workers,vllm+compiled --frames 40 --concurrency 1,4 --fresh
   omnilab bench --size 0.6b --configs vllm,vllm+fp32-weights,eager --concurrency 1 --interleave 5
   omnilab bench --size 0.6b --configs eager --frames 24 --concurrency 1 --code2wav-chunks --reference on
+  omnilab bench --size 0.6b --configs eager,vllm --quantization none,int8,int4 --dtype auto,float32,bfloat16 --interleave 3
 """
 
 
@@ -80,6 +81,7 @@ class BenchConfig:
     code2wav_chunks: bool = False
     wait_flag_pct: float = WAIT_FLAG_PCT
     rss_interval_s: float = 0.2
+    fidelity: str = "auto"            # auto | on | off (bench/fidelity.py)
 
     def __post_init__(self):
         for k in ("threads", "frames", "rounds", "warmup_frames", "max_model_len", "gemv_mib"):
@@ -91,6 +93,8 @@ class BenchConfig:
             raise ValueError(f"requests={self.requests!r}; accepted: an integer >= 1 or None")
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}; accepted: {', '.join(MODES)}")
+        if self.fidelity not in ("auto", "on", "off"):
+            raise ValueError(f"fidelity={self.fidelity!r}; accepted: auto, on, off")
         if self.reference not in ("auto", "on", "off"):
             raise ValueError(f"reference={self.reference!r}; accepted: auto, on, off")
         if not self.configs:
@@ -156,7 +160,9 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
         meta.update(bandwidth=bw, floor_dram_ms_per_frame=dram_ms(bpf["talker_bytes_per_frame"]),
                     floor_dram_talker_ms=dram_ms(bpf["talker_decode_bytes"]),
                     floor_dram_predictor_ms=dram_ms(bpf["predictor_passes"] * bpf["predictor_pass_bytes"]))
-        modes.log(f"[bench] DRAM GEMV {bw['gbps']:.1f} GB/s; a frame reads {bpf['talker_bytes_per_frame'] / 1e9:.3f} GB "
+        meta["stream_read"] = floors.measure_stream_read(cfg.gemv_mib, threads=cfg.threads)
+        modes.log(f"[bench] streaming read (x.sum()) {meta['stream_read']['gbps']:.1f} GB/s, "
+                  f"DRAM GEMV {bw['gbps']:.1f} GB/s; a frame reads {bpf['talker_bytes_per_frame'] / 1e9:.3f} GB "
              f"-> all-DRAM floor {meta['floor_dram_ms_per_frame']:.1f} ms/frame")
     if cfg.mode == "fresh":
         rows, points, reqs, rounds = modes.run_fresh(cfg, ckpt, meta)
@@ -164,7 +170,13 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
         rows, points, reqs, rounds = modes.run_interleaved(cfg, ckpt, prompts, bpf, meta)
     else:
         rows, points, reqs, rounds = modes.run_same_process(cfg, ckpt, prompts, bpf, meta)
+    for r in rows:  # what was asked (the row's suffix or --dtype) and the decode step's read bandwidth
+        r["dtype_requested"] = be.parse_config(r["config"]).dtype or cfg.dtype
+        if isinstance(r.get("decode_bytes_per_frame"), float) and isinstance(r.get("step_ms"), float):
+            r["effective_gbps"] = r["decode_bytes_per_frame"] / (r["step_ms"] * 1e-3) / 1e9
     if not child:
+        from omnilab.bench.fidelity import add_fidelity
+        add_fidelity(cfg, ckpt, prompts, rows, meta)
         _reference(cfg, ckpt, rows, meta)
     base = rows[0].get("step_ms") if rows else None
     for r in rows:
@@ -207,7 +219,13 @@ def parser() -> argparse.ArgumentParser:
     a = ap.add_argument
     a("--model", default=None, help="checkpoint dir; None = a random checkpoint of --size (cached)")
     a("--size", default="tiny", help="random checkpoint size when --model is not given: tiny | mid | 0.6b | 1.7b")
-    a("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
+    a("--dtype", default="float32", help="compute dtype: float32 | bfloat16 | auto (what dtype=None picks), or a "
+      "comma list: every configuration once per dtype (suffixes +fp32 / +bf16 / +auto)")
+    a("--quantization", default="none", help="comma list of decode-matrix quantizations, every configuration once "
+      "per entry: none | int8 | int4 | int4-g32 | int4-g64 | int4-g128 (suffixes +int8 / +int4 / ...)")
+    a("--fidelity", choices=("auto", "on", "off"), default="auto", help="teacher-forced fidelity of each row's "
+      "numerics (dtype, quantization) against eager float32 unquantized (omnilab.quality.compare); auto: when the "
+      "rows' numerics differ")
     a("--threads", type=int, default=2, help="talker threads (eager / in-process / worker) and floor-probe threads")
     a("--configs", "--backends", dest="configs", default=",".join(DEFAULT_CONFIGS),
       help="comma list of configurations: " + "; ".join(f"{k}: {v}" for k, v in be.BASES.items())
@@ -248,10 +266,18 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
+    dtypes = _names(a.dtype) or ("float32",)
+    single = len(dtypes) == 1 and dtypes[0] != "auto"  # one concrete dtype: --dtype as before, no suffix
+    configs = be.expand(_names(a.configs), _names(a.quantization), () if single else dtypes)
+    concrete = [d for d in dtypes if d != "auto"]
     return BenchConfig(
-        checkpoint=a.model, size=a.size, dtype=a.dtype, threads=a.threads,
-        configs=tuple(x.strip() for x in a.configs.split(",") if x.strip()), frames=a.frames,
+        checkpoint=a.model, size=a.size, dtype=concrete[0] if concrete else "float32", threads=a.threads,
+        configs=configs, frames=a.frames, fidelity=a.fidelity,
         concurrency=_ints(a.concurrency), requests=a.requests, warmup_frames=a.warmup_frames, prompts=a.prompts,
         sample=a.sample, seed=a.seed, chunks=() if a.chunks == "profile" else _ints(a.chunks),
         mode="interleave" if a.interleave else ("fresh" if a.fresh else "same-process"), rounds=a.interleave or 1,
@@ -273,7 +299,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(e))
     command = "omnilab bench " + shlex.join(argv)
     res = run_bench(cfg, command)
-    name = a.name or f"bench_{Path(a.model).name if a.model else a.size}_{a.dtype}_t{a.threads}"
+    name = a.name or f"bench_{Path(a.model).name if a.model else a.size}_{a.dtype.replace(',', '-')}_t{a.threads}"
     path = res.save(a.out, name)
     print(res.table())
     for note in res.meta["notes"]:

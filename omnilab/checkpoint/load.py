@@ -104,9 +104,11 @@ def resolve_dtype(dtype: Any = None) -> tuple[torch.dtype, str]:
             if d is not None:
                 return d, f"OMNILAB_DTYPE={env}"
     from omnilab.hardware import cpu_has_native_bf16
+    from omnilab.kernels.timing import path_times
+    from omnilab.profiles.timing import dtype_from_times
 
-    ok, why = cpu_has_native_bf16()
-    return (torch.bfloat16 if ok else torch.float32), f"auto-detected: {why}"
+    name, why = dtype_from_times(*cpu_has_native_bf16(), path_times())  # the planner's rule (docs/kernels.md)
+    return _DTYPES[name], f"auto: {why}"
 
 
 # ---- resolving ------------------------------------------------------------------------------------
@@ -310,18 +312,20 @@ class _UpcastEmbedding(nn.Embedding):
 
 def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dtype, *, mmap: bool = True,
                      quantization: Any = None) -> nn.Module:
-    """The ``Talker`` from ``talker.*`` of ``index`` (client and talker worker alike). Under fp32 compute the
-    streamed decode matrices stay in the file's bf16 as :func:`omnilab.kernels.storage.weight_storage_choice`
-    says (``talker.weight_storage``), and so do the text and codec tables (:data:`UPCAST_TABLES`, 0.6 GB less
-    at 0.6B) behind an exact upcast; huge pages as :func:`streamed_selector` says. ``quantization`` (a
-    ``Quantization``, kept as ``talker.quantization``): those decode matrices are quantized at load instead."""
-    from omnilab.kernels.storage import talker_streamed_name, weight_storage_choice
+    """The ``Talker`` from ``talker.*`` of ``index`` (client and talker worker alike). Under fp32 compute the streamed
+    decode matrices and the text/codec tables (:data:`UPCAST_TABLES`) stay in the file's bf16 (weight_storage_choice);
+    huge pages as :func:`streamed_selector` says. ``quantization`` (kept as ``talker.quantization``): decode matrices
+    quantized at load, or a packed checkpoint's codes as stored (:func:`~omnilab.checkpoint.quantized.talker_view`)."""
+    from omnilab.checkpoint.quantized import talker_view
+    from omnilab.kernels.storage import weight_storage_choice
     from omnilab.models.talker import Talker
 
-    storage = weight_storage_choice(dtype)
+    from omnilab.kernels.timing import linear_paths
+    linear_paths()  # bf16 decode rows / prefill GEMMs as measured here, resolved before any step (docs/kernels.md)
+    storage, (index, quantization) = weight_storage_choice(dtype), talker_view(index, quantization)
     tables = UPCAST_TABLES if dtype == torch.float32 else frozenset()
     talker = load_strict(lambda: Talker(config), index, "talker.", dtype, "model.safetensors (talker)", mmap=mmap,
-                         streamed=streamed_selector(), quantize=quantization and quantization.only(talker_streamed_name),
+                         streamed=streamed_selector(), quantize=quantization,
                          keep_bf16=lambda k, fd: k in tables or storage.keeps_bf16(k, fd))
     talker.weight_storage, talker.quantization = storage, quantization
     for emb in talker.modules():
@@ -331,11 +335,15 @@ def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dt
     return talker
 
 
-def load_code2wav_from(index: TensorIndex, speech: SpeechTokenizerConfig, *, mmap: bool = True) -> nn.Module:
-    """The fp32 ``Code2Wav`` decoder from ``decoder.*`` of the speech tokenizer's ``index``."""
+def load_code2wav_from(index: TensorIndex, speech: SpeechTokenizerConfig, *, mmap: bool = True,
+                       dtype: torch.dtype | None = None) -> nn.Module:
+    """The ``Code2Wav`` decoder from ``decoder.*`` of the speech tokenizer's ``index``: fp32, or with its conv
+    decoder GEMMs in ``dtype`` (``Code2Wav.set_compute_dtype``; None = fp32, see
+    ``omnilab.kernels.code2wav_dtype``)."""
     from omnilab.models.code2wav import Code2Wav
-    return load_strict(lambda: Code2Wav(speech.decoder), index, "decoder.", torch.float32,
-                       "speech_tokenizer/model.safetensors (decoder)", mmap=mmap)
+    model = load_strict(lambda: Code2Wav(speech.decoder), index, "decoder.", torch.float32,
+                        "speech_tokenizer/model.safetensors (decoder)", mmap=mmap)
+    return model if dtype is None else model.set_compute_dtype(dtype)
 
 
 def _unclaimed(index: TensorIndex, prefixes: tuple[str, ...], file: str) -> None:
@@ -402,8 +410,8 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
         mimi_encoder = load_strict(lambda: MimiEncoder(speech.encoder, speech.encoder_valid_num_quantizers), codec,
                                    "encoder.", torch.float32, "speech_tokenizer/model.safetensors (encoder)")
     return LoadedModel(path=path, config=config, speech_config=speech, generation=generation, talker=talker,
-                       code2wav=code2wav, speaker_encoder=speaker_encoder, mimi_encoder=mimi_encoder,
-                       tokenizer=tokenizer, dtype=compute, dtype_reason=reason, quantization=quantization)
+                       code2wav=code2wav, speaker_encoder=speaker_encoder, mimi_encoder=mimi_encoder, tokenizer=tokenizer,
+                       dtype=compute, dtype_reason=reason, quantization=getattr(talker, "quantization", quantization))
 
 
 def _check_tokenizer(tok: TextTokenizer, cfg: Qwen3TTSConfig) -> None:

@@ -34,6 +34,9 @@ def synth_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy", action="store_true", help="greedy decoding (talker and sub-talker)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: auto per CPU)")
+    ap.add_argument("--quantization", default=None, metavar="Q",
+                    help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | int4-g128 (default: the "
+                         "profile's, none unless asked; a quantized checkpoint: as stored)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--backend", default="vllm", choices=("vllm", "eager"))
     ap.add_argument("--deploy-profile", default="auto",
@@ -47,7 +50,7 @@ def synth_main(argv: list[str] | None = None) -> int:
 
     profile = None if args.deploy_profile.lower() == "none" else args.deploy_profile
     pipe = Pipeline.from_pretrained(args.model, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
-                                    deploy_profile=profile, deploy=args.deploy)
+                                    deploy_profile=profile, deploy=args.deploy, quantization=args.quantization)
     with pipe:
         cfg = pipe.model.config
         speaker = args.speaker
@@ -115,6 +118,7 @@ COMMANDS = {
     "probe": _lazy("omnilab.cli.profile", "probe_main"),
     "plan": _lazy("omnilab.cli.profile", "plan_main"),
     "bench": _lazy("omnilab.bench.run", "bench_main"),
+    "quantize": _lazy("omnilab.cli.quantize", "quantize_main"),
 }
 
 

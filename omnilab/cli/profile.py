@@ -31,7 +31,12 @@ def probe_main(argv: Sequence[str] | None = None) -> int:
     except (OmnilabError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(hw.to_dict(), indent=1) if args.json else hw)
+    from omnilab.hardware_info import kernel_isas
+    if args.json:
+        print(json.dumps({**hw.to_dict(), "kernels": kernel_isas(hw.flags)}, indent=1))
+    else:
+        print(hw)
+        print("kernels (auto, from the flags): " + "; ".join(f"{k} {v}" for k, v in kernel_isas(hw.flags).items()))
     return 0
 
 
@@ -59,27 +64,53 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--root", default="/", help="filesystem root or .json snapshot to plan for (default /)")
     ap.add_argument("--max-concurrency", type=int, help="concurrent requests (max_num_seqs)")
     ap.add_argument("--max-model-len", type=int, help="talker context length in tokens")
+    ap.add_argument("--quantization", metavar="Q", help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | "
+                    "int4-g128 (the profile field 'quantization'; default none)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field, e.g. "
                     "--set talker_threads=4 --set dtype=float32 (repeatable)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--yaml", metavar="OUT.yaml", help="also write the profile as deploy YAML")
     args = ap.parse_args(argv)
     from omnilab.hardware import probe_hardware
+    from omnilab.hardware_info import kernel_isas
     from omnilab.profiles.resolve import resolve_profile
     try:
         kwargs = {k: v for k, v in (("max_concurrency", args.max_concurrency),
                                     ("max_model_len", args.max_model_len)) if v is not None}
-        if args.set:
-            kwargs["overrides"] = _overrides(args.set)
-        profile = resolve_profile(args.profile, hardware=probe_hardware(args.root), model_config=args.model,
-                                  **kwargs)
+        overrides = _overrides(args.set)
+        if args.quantization is not None:
+            overrides["quantization"] = args.quantization
+        if overrides:
+            kwargs["overrides"] = overrides
+        hw = probe_hardware(args.root)
+        times = _path_times(overrides) if args.root == "/" else None  # a snapshot is another machine: no timing
+        if times is not None:
+            kwargs["path_times"] = times
+        profile = resolve_profile(args.profile, hardware=hw, model_config=args.model, **kwargs)
         if args.yaml:
             profile.to_yaml(args.yaml)
     except (OmnilabError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(profile.to_dict(), indent=1) if args.json else profile)
+    if args.json:
+        print(json.dumps({**profile.to_dict(), "kernels": kernel_isas(hw.flags)}, indent=1))
+    else:
+        print(profile)
+        print("kernels this CPU gets (auto, from its flags; OMNILAB_CPU_* override): " + "; ".join(
+            f"{k} {v}" for k, v in kernel_isas(hw.flags).items()))
     return 0
+
+
+def _path_times(overrides: dict) -> object:
+    """This machine's timing of the linear paths where torch is here and the dtype is open (else None: the ISA
+    rule, and the profile's reason says so)."""
+    if "dtype" in overrides:
+        return None
+    try:
+        from omnilab.kernels.timing import path_times
+    except ImportError:  # the core install (no torch): the ISA rule
+        return None
+    return path_times()
 
 
 if __name__ == "__main__":  # python -m omnilab.cli.profile {probe|plan} ...

@@ -1,6 +1,7 @@
 """``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why, and
 how an fp32 talker's decode matrices would be stored, which quantized-GEMV kernel ``quantization=`` would use, and
-which SnakeBeta code2wav runs."""
+which SnakeBeta code2wav runs and in which dtype its conv decoder computes, the linear paths (bf16 decode rows,
+prefill GEMMs) and the talker dtype ``dtype="auto"`` gets, from the timing of this machine (``kernels.timing``)."""
 from omnilab.kernels import gemv_choice
 
 if __name__ == "__main__":
@@ -27,3 +28,15 @@ if __name__ == "__main__":
     s = snake_choice()
     print(f"code2wav SnakeBeta: {s.label} ({s.source})")
     print(f"  reason: {s.reason}")
+    from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
+    d = code2wav_dtype_choice()  # no pipeline here: the rule without a talker dtype
+    print(f"code2wav dtype: {d.label} ({d.source})")
+    print(f"  reason: {d.reason}")
+    from omnilab.checkpoint.load import resolve_dtype
+    from omnilab.kernels.timing import linear_paths
+    lp = linear_paths()  # measures (a few seconds) on first use, unless OMNILAB_PLAN_TIMING=off or cached
+    print(f"linear paths: {lp.label} ({lp.source})")
+    print(f"  reason: {lp.reason}")
+    dt, why = resolve_dtype(None)
+    print(f"talker dtype for dtype='auto': {str(dt).replace('torch.', '')}")
+    print(f"  reason: {why}")

@@ -15,6 +15,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from omnilab.hardware_info import select_isa  # noqa: F401  (the ISA rule, plain: `omnilab plan` says it without torch)
+
 SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
@@ -25,15 +27,6 @@ SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni",)}
 
 class KernelBuildError(RuntimeError):
     """The compiler is missing or failed; the message names the command and its output."""
-
-
-def select_isa(flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
-    """``(isa, reason)`` for the CPU flags: avx512 with ``avx512f``, avx2 with ``avx2`` + ``fma``, else None."""
-    if "avx512f" in flags:
-        return "avx512", "CPU has avx512f (16-lane fp32 FMA)"
-    if {"avx2", "fma"} <= set(flags):
-        return "avx2", "CPU has avx2 + fma (8-lane fp32 FMA), no avx512f"
-    return None, "CPU has neither avx512f nor avx2 + fma"
 
 
 def find_compiler() -> str | None:

@@ -166,6 +166,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
     if torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
     lib = _SLOT.loaded()
+    if x.dtype == weight.dtype == torch.bfloat16 and lib is not None:  # bf16 compute: decode rows via the kernel
+        rows = _kernel_rows(lib, x, weight, bias, 1, BF16_MAX_ROWS)
+        if rows and _paths().bf16_decode == "kernel":
+            return _call(lib, x.float(), weight, None if bias is None else bias.float(), rows).to(torch.bfloat16)
     fp32 = (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32))
     rows = _kernel_rows(lib, x, weight, bias, MIN_ROWS, MAX_ROWS) if fp32 else 0
     return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight, bias)  # else torch (or its error)
@@ -206,7 +210,32 @@ def _linear_bf16_weight(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 def _bf16_weight_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     lib = _SLOT.loaded()
     rows = _kernel_rows(lib, x, weight, bias, 1, BF16_MAX_ROWS)
-    return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight.float(), bias)
+    if rows:
+        return _call(lib, x, weight, bias, rows)
+    if x.numel() // max(x.shape[-1], 1) > BF16_MAX_ROWS and _paths().prefill == "bf16":  # measured faster here
+        y = F.linear(x.to(torch.bfloat16), weight).float()
+        return y if bias is None else y + bias
+    return F.linear(x, weight.float(), bias)
+
+
+@dataclass(frozen=True)
+class _PriorPaths:
+    """The ISA rule's paths (omnilab.profiles.timing without a timing) until :func:`install_paths` sets measured ones."""
+    bf16_decode: str = "kernel"
+    prefill: str = "fp32"
+
+
+_INSTALLED: list = []
+
+
+def install_paths(paths) -> None:
+    """Make ``paths`` (an ``omnilab.kernels.timing.LinearPaths``; None: the prior) what :func:`linear` follows for
+    bf16 decode rows and fp32 prefills. ``omnilab.kernels.timing.linear_paths`` does it when it resolves (at load)."""
+    _INSTALLED[:] = [] if paths is None else [paths]
+
+
+def _paths():
+    return _INSTALLED[0] if _INSTALLED else _PriorPaths()
 
 
 @torch.library.custom_op("omnilab::linear_bf16_weight", mutates_args=())

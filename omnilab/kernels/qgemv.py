@@ -88,7 +88,8 @@ class _Lib:
 
 
 def _no_vnni(flags: frozenset[str]) -> bool:
-    return "avx512f" in flags and "avx512_vnni" not in flags
+    from omnilab.hardware_info import avx512_without_vnni
+    return avx512_without_vnni(flags)
 
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[QgemvChoice, _Lib | None]:

@@ -46,10 +46,12 @@ from typing import Any
 
 import torch
 
+from omnilab.config import DEFAULT_INT4_GROUP_SIZE as DEFAULT_GROUP_SIZE  # the names and sizes every layer shares
+from omnilab.config import INT4_GROUP_SIZES, parse_quantization
+from omnilab.config import QUANT_METHODS as METHODS
+
 ROWS = 16            # output rows per interleaved block (AVX-512 lanes)
 ACT_BLOCK = 32       # K padding unit and activation quantization block of the int8-activation mode
-INT4_GROUP_SIZES = (32, 64, 128)
-METHODS = ("int8", "int4")
 
 
 def _ceil(a: int, b: int) -> int:
@@ -253,7 +255,6 @@ def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 QUANT_ENV = "OMNILAB_QUANTIZATION"
 ACT_ENV = "OMNILAB_QUANT_ACTIVATIONS"
 QUANT_MODES = ("none",) + METHODS
-DEFAULT_GROUP_SIZE = 128
 # qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|fp32 overrides): int8 activations add
 # ~0.55 % relative error, negligible next to int4 weights' ~10 % but about doubling int8 weights' ~0.8 %.
 AUTO_ACTIVATIONS = {"int8": "fp32", "int4": "int8"}
@@ -268,7 +269,7 @@ class Quantization:
     group_size: int | None      # int4: 32 | 64 | 128; None otherwise (int8: one scale per output channel)
     activations: str | None     # "fp32" | "int8" (None when method is "none")
     reason: str
-    source: str                 # "default" | "argument" | "env" | "client" (a worker: :func:`from_key`)
+    source: str                 # "default" | "argument" | "env" | "checkpoint" | "client" (a worker: from_key)
     # which tensors (names without ``talker.``) to quantize: the loader sets storage.talker_streamed_name (:meth:`only`)
     names: Any = field(default=None, compare=False, repr=False)
 
@@ -296,8 +297,10 @@ class Quantization:
         """Whether the tensor ``name`` is quantized (enabled, and selected by :attr:`names`)."""
         return self.enabled and self.names is not None and bool(self.names(name))
 
-    def apply(self, w: torch.Tensor) -> QuantizedWeight:
-        return dataclasses.replace(quantize(w, self.method, self.group_size), activations=self.activations)
+    def apply(self, w: "torch.Tensor | QuantizedWeight") -> QuantizedWeight:
+        """``w`` quantized with this choice; a ``QuantizedWeight`` (a checkpoint's codes) is kept as stored."""
+        qw = w if isinstance(w, QuantizedWeight) else quantize(w, self.method, self.group_size)
+        return dataclasses.replace(qw, activations=self.activations)
 
     def install(self, module: torch.nn.Module, name: str, w: torch.Tensor) -> QuantizedWeight:
         """Quantize ``w`` and put it in place of the parameter ``name`` of ``module`` (a plain attribute: the
@@ -311,11 +314,7 @@ class Quantization:
 
 
 def _parse_method(raw: Any, where: str) -> str:
-    key = "none" if raw is None else str(raw).strip().lower()
-    if key not in QUANT_MODES:
-        from omnilab.errors import ConfigError
-        raise ConfigError(f"{where}={raw!r} is not a quantization; accepted: None, {', '.join(map(repr, QUANT_MODES))}")
-    return key
+    return parse_quantization(raw, where)[0]
 
 
 def quantization_choice(method: Any = None, group_size: Any = None, env: str | None = None,
@@ -326,10 +325,14 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     size up to 128 that does (tiny geometries), a given one that does not is an error."""
     from omnilab.errors import ConfigError
     given = (os.environ.get(QUANT_ENV, "") if env is None else env).strip()
-    if given:
-        m, source = _parse_method(given, QUANT_ENV), "env"
+    if given:  # a spelling may name the int4 group ("int4-g64"); the variable's group wins like its method
+        (m, spelled), source = parse_quantization(given, QUANT_ENV), "env"
+        group_size = spelled if spelled is not None else None if m != "int4" else group_size
     else:
-        m, source = _parse_method(method, "quantization"), "default" if method is None else "argument"
+        (m, spelled), source = parse_quantization(method, "quantization"), "default" if method is None else "argument"
+        if spelled is not None and group_size is not None and spelled != group_size:
+            raise ConfigError(f"quantization={method!r} and quant_group_size={group_size!r} disagree; give one")
+        group_size = spelled if spelled is not None else group_size
     if m != "int4" and group_size is not None and m != "none":
         raise ConfigError(f"quant_group_size={group_size!r} applies to int4 only (quantization is {m!r}); "
                           f"int8 has one scale per output channel")

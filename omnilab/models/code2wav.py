@@ -18,6 +18,10 @@ Contract:
   tokenizer's ``decode`` does (output keeps full length; trimming padded frames is the caller's
   job). Codes >= ``codebook_size`` raise ``InputError``.
 - Inference only: every public method runs under ``torch.no_grad()``.
+- Precision: fp32 by default. ``set_compute_dtype(torch.bfloat16)`` runs the GEMMs of the conv decoder
+  blocks (each block's transposed conv and residual-unit convs, ~90 % of the FLOPs) in bf16 with fp32
+  accumulation; the quantizer, pre-conv, transformer, upsamplers, first and last conv, SnakeBeta, residual
+  sums, the streaming state and the output stay fp32 (docs/kernels.md#code2wav-bf16).
 """
 from __future__ import annotations
 
@@ -191,19 +195,41 @@ class Code2Wav(nn.Module):
         """Decode one chunk for each of several streams, batching chunks of equal length."""
         return decode_chunks(self, states, codes)
 
+    # ------------------------------------------------------------------ precision
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the conv decoder blocks' GEMMs (``set_compute_dtype``)."""
+        return next(m for m in self.decoder if isinstance(m, DecoderBlock)).block[1].conv.weight.dtype
+
+    @torch.no_grad()
+    def set_compute_dtype(self, dtype: torch.dtype) -> "Code2Wav":
+        """Store the conv decoder blocks' conv / transposed-conv weights in ``dtype`` (``torch.float32`` or
+        ``torch.bfloat16``) and run those GEMMs in it; everything else stays fp32 (module docstring,
+        docs/kernels.md#code2wav-bf16). bf16 -> fp32 keeps the rounded weights: reload for exact fp32."""
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise InputError(f"code2wav compute dtype {dtype!r} is not supported; accepted: torch.float32, "
+                             f"torch.bfloat16")
+        for blk in self.decoder:
+            if isinstance(blk, DecoderBlock):
+                for m in blk.modules():
+                    if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
+                        m.conv.to(dtype)
+        return self
+
     # ------------------------------------------------------------------ derived tensors
     @torch.no_grad()
     def prepare(self) -> "Code2Wav":
         """Precompute derived tensors now (they are otherwise built on first use and rebuilt
         automatically after the weights change): codebooks, Snake coefficients, and tap-major copies
-        of the k > 1 conv / transposed-conv weights (about 0.23 GB extra for the released geometry)."""
+        of the k > 1 conv / transposed-conv weights (about 0.23 GB extra for the released geometry; in bf16 the
+        side-by-side layout of ``conv1d_fused``, half that)."""
         for m in self.modules():
             if isinstance(m, SnakeBeta):
                 m.coefficients()
             elif isinstance(m, EuclideanCodebook):
                 m.table()
             elif isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
-                m.taps()
+                m.taps() if m.conv.weight.dtype == torch.float32 else m.fused()
         return self
 
 

@@ -15,6 +15,8 @@ State sizes are fixed by the geometry (``state_shapes``), so the cost of one chu
 on how many frames came before it. Parameter names equal the released ``decoder.*`` tensor names.
 Derived tensors (exp of the Snake parameters, codebooks, regrouped transposed-conv weights) are
 cached and recomputed when the source parameter changes (data pointer, version counter, dtype).
+A conv whose weight is bf16 (``Code2Wav.set_compute_dtype``) takes fp32 input and returns fp32 through
+one bf16 GEMM (``conv1d_fused``; docs/kernels.md#code2wav-bf16).
 """
 from __future__ import annotations
 
@@ -83,6 +85,27 @@ def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
     return torch.stack([out[:, r * lp:r * lp + lp - span] for r in range(bsz)])
 
 
+def conv1d_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, k: int,
+                 dilation: int = 1) -> torch.Tensor:
+    """Valid conv as ONE GEMM in ``weight``'s (low-precision) dtype: x ``[B, Cin, Lp]`` (fp32), weight ``[Cout,
+    k*Cin]`` (column ``j*Cin + c`` = tap ``j`` of input channel ``c``) -> ``[B, Cout, Lp - (k-1)*dilation]`` in
+    ``x``'s dtype (docs/kernels.md#code2wav-bf16).
+
+    ``x`` is rounded to the weight dtype once and its ``k`` shifted views are stacked along K, so the whole tap
+    sum accumulates in fp32 inside oneDNN and is rounded once (``conv1d_taps``' per-tap ``addmm_`` would round
+    the partial sums to bf16 after every tap)."""
+    bsz, cin, lp = x.shape
+    span = (k - 1) * dilation
+    xl = x.to(weight.dtype)
+    xf = xl[0] if bsz == 1 else xl.transpose(0, 1).reshape(cin, bsz * lp)  # [Cin, B*Lp]
+    n = xf.shape[1] - span
+    xu = xf if k == 1 else torch.cat([xf[:, j * dilation:j * dilation + n] for j in range(k)], dim=0)  # [k*Cin, n]
+    out = (torch.mm(weight, xu) if bias is None else torch.addmm(bias[:, None], weight, xu)).to(x.dtype)
+    if bsz == 1:
+        return out[None]
+    return torch.stack([out[:, r * lp:r * lp + lp - span] for r in range(bsz)])
+
+
 class CausalConv1d(StatefulModule):
     """Conv1d (stride 1) padded on the left by ``(k - 1) * dilation``; released name ``<x>.conv``."""
 
@@ -92,7 +115,7 @@ class CausalConv1d(StatefulModule):
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.dilation = dilation
         self.context_samples = (kernel_size - 1) * dilation
-        self._taps = _Derived()
+        self._taps, self._fused = _Derived(), _Derived()
 
     def state_shape(self):
         return (self.conv.in_channels, self.context_samples) if self.context_samples else None
@@ -101,13 +124,19 @@ class CausalConv1d(StatefulModule):
         w = self.conv.weight
         return self._taps.get(lambda: w.detach().permute(2, 0, 1).contiguous(), w)
 
-    def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:  # [B, Cin, L] -> [B, Cout, L]
+    def fused(self) -> torch.Tensor:  # [Cout, k*Cin]: the low-precision layout (see conv1d_fused)
+        w = self.conv.weight
+        return self._fused.get(lambda: w.detach().permute(0, 2, 1).reshape(w.shape[0], -1).contiguous(), w)
+
+    def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:  # [B, Cin, L] -> [B, Cout, L] (x's dtype)
         c = self.context_samples
         if c:
             x = torch.cat([st[self.state_key], x], dim=-1)
             st[self.state_key] = x[..., -c:].clone()
         if self.conv.groups != 1:
             return self.conv(x)
+        if self.conv.weight.dtype != x.dtype:  # bf16 weights, fp32 activations: one bf16 GEMM
+            return conv1d_fused(x, self.fused(), self.conv.bias, self.conv.kernel_size[0], self.dilation)
         return conv1d_taps(x, self.taps(), self.conv.bias, self.dilation)
 
 
@@ -125,7 +154,7 @@ class CausalConvTranspose1d(StatefulModule):
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
         self.stride = stride
         self.overlap = kernel_size > stride
-        self._taps = _Derived()
+        self._taps, self._fused = _Derived(), _Derived()
 
     def state_shape(self):
         return (self.conv.in_channels, 1) if self.overlap else None
@@ -141,12 +170,25 @@ class CausalConvTranspose1d(StatefulModule):
             return t.flip(0).contiguous(), b.detach().repeat_interleave(s)
         return self._taps.get(build, w, b)
 
-    def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:  # [B, Cin, L] -> [B, Cout, L*s]
+    def fused(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight ``[Cout*s, (k/s)*Cin]``, bias ``[Cout*s]``): the taps side by side (see conv1d_fused)."""
+        w, b = self.conv.weight, self.conv.bias
+
+        def build():
+            taps, bias = self.taps()
+            return taps.permute(1, 0, 2).reshape(taps.shape[1], -1).contiguous(), bias
+        return self._fused.get(build, w, b)
+
+    def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:  # [B, Cin, L] -> [B, Cout, L*s] (x's dtype)
         if self.overlap:
             x = torch.cat([st[self.state_key], x], dim=-1)
             st[self.state_key] = x[..., -1:].clone()
-        taps, bias = self.taps()
-        y = conv1d_taps(x, taps, bias)  # [B, Cout*s, L]
+        if self.conv.weight.dtype != x.dtype:  # bf16 weights, fp32 activations: one bf16 GEMM
+            w, bias = self.fused()
+            y = conv1d_fused(x, w, bias, 2 if self.overlap else 1)  # [B, Cout*s, L]
+        else:
+            taps, bias = self.taps()
+            y = conv1d_taps(x, taps, bias)  # [B, Cout*s, L]
         bsz, _, n = y.shape
         return y.view(bsz, -1, self.stride, n).transpose(2, 3).reshape(bsz, -1, n * self.stride)
 

@@ -74,15 +74,16 @@ class CodePredictor(nn.Module):
     @torch.inference_mode()
     def generate(self, h: torch.Tensor, c0_embed: torch.Tensor, warps: Warp | Sequence[Warp],
                  generators: Sequence[torch.Generator | None] | None = None,
-                 timings: dict[str, float] | None = None,
-                 return_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                 timings: dict[str, float] | None = None, return_logits: bool = False,
+                 forced: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``h`` [B, H] (talker final-norm hidden that produced c0), ``c0_embed`` [B, H] = ``C(c0)``
         -> codes c1..c15 ``[B, 15]`` (int64).
 
         ``warps``: one :class:`~omnilab.sampling.Warp` for all rows or one per row; greedy rows take the
         argmax. ``generators``: one per row (None = the global RNG). ``timings`` (optional) receives
         ``sampling_ms`` spent inside the loop. ``return_logits``: also return the raw fp32 logits
-        ``[B, 15, 2048]`` (for tests)."""
+        ``[B, 15, 2048]`` (for tests). ``forced`` ``[B, 15]`` int64 (teacher forcing, :mod:`omnilab.quality`):
+        step j > 0 is fed ``forced[:, j-1]`` instead of the row's own pick; the picks are still returned."""
         b = h.shape[0]
         if isinstance(warps, Warp):
             warps = [warps] * b
@@ -93,6 +94,8 @@ class CodePredictor(nn.Module):
         layers, norm = self.model.layers, self.model.norm
         tables = [e.weight for e in self.model.codec_embedding]
         heads = [m.weight for m in self.lm_head]
+        if forced is not None and tuple(forced.shape) != (b, NUM_PREDICTED):
+            raise ValueError(f"forced codes must be [{b}, {NUM_PREDICTED}], got {tuple(forced.shape)}")
         cache = self._cache(b)
         codes = torch.empty(b, NUM_PREDICTED, dtype=torch.long, device=h.device)
         sample_s = 0.0
@@ -103,7 +106,8 @@ class CodePredictor(nn.Module):
         logits = linear(hidden, heads[0])[:, -1]  # both positions, like HF generate (same rounding)
         for j in range(NUM_PREDICTED):
             if j > 0:
-                x = proj(F.embedding(codes[:, j - 1:j], tables[j - 1]))  # [B, 1, Hc]
+                fed = codes if forced is None else forced
+                x = proj(F.embedding(fed[:, j - 1:j], tables[j - 1]))  # [B, 1, Hc]
                 hidden = run_stack(layers, norm, self.rope, x, cache)
                 logits = linear(hidden[:, -1], heads[j])
             if all_logits is not None:

@@ -114,6 +114,13 @@ class ModelGeometry:
                    p.hidden_size, p.intermediate_size, p.num_attention_heads, p.num_key_value_heads, p.head_dim,
                    t.num_code_groups, **extra)
 
+    def decode_input_widths(self) -> tuple[int, ...]:
+        """Input width K of every decode matrix (talker and predictor q/k/v/gate/up take the hidden width, o_proj
+        heads x head_dim, down_proj the intermediate width; codec head, predictor heads and the projection the
+        hidden widths): int4 groups must divide each (``omnilab.config.int4_groups_fitting``)."""
+        return (self.talker_hidden, self.talker_heads * self.talker_head_dim, self.talker_intermediate,
+                self.predictor_hidden, self.predictor_heads * self.predictor_head_dim, self.predictor_intermediate)
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Talker KV per token (:func:`kv_bytes_per_token`: head size padded as vLLM's CPU attention pads it)."""
         return kv_bytes_per_token(self.talker_layers, self.talker_kv_heads, self.talker_head_dim, dtype_bytes)
@@ -192,7 +199,9 @@ class CostModel:
 
     @classmethod
     def build(cls, geometry: ModelGeometry, hardware: "HardwareInfo", dtype: str,
-              measured: StageTimes | None = None) -> "CostModel":
+              measured: StageTimes | None = None, quantization: str = "none") -> "CostModel":
+        """``quantization`` (a profile spelling): the decode matrices' bytes per weight in the estimate (int8:
+        1, int4-gN: 0.5 + 4/N for the fp32 scales); measured times are taken as they are."""
         if measured is not None:
             t1 = measured.talker_ms_per_frame / amdahl(measured.talker_threads, TALKER_SERIAL, TALKER_MAX_THREADS)
             c = measured.code2wav_chunk_frames
@@ -208,9 +217,12 @@ class CostModel:
         nbytes = 2 if dtype == "bfloat16" else 4
         if dtype == "bfloat16" and not native:
             gflops /= 3  # emulated bf16 (docs/model.md#bf16-emulation-cost)
+        if quantization != "none":
+            nbytes = 1.0 if quantization == "int8" else 0.5 + 4 / int(quantization.rpartition("-g")[2])
         gb = geometry.streamed_params_per_frame() * nbytes / 1e9
+        qlabel = f" {quantization} weights" if quantization != "none" else ""
         return cls(geometry, gb / bw * 1e3, 1e3 / gflops,
-                   f"estimated for {label} {dtype}: {gb:.2f} GB/frame at {bw:g} GB/s per thread, "
+                   f"estimated for {label} {dtype}{qlabel}: {gb:.2f} GB/frame at {bw:g} GB/s per thread, "
                    f"code2wav {geometry.decoder_gflop_per_frame:.2f} GFLOP/frame at {gflops:g} GFLOP/s per thread")
 
     def talker_ms(self, threads: int) -> float:

@@ -2,7 +2,9 @@
 
 Contract: ``profile_to_yaml`` writes the vllm-omni layout (``connectors`` with the codec chunking keys,
 ``stages`` with per-stage engine settings, a ``platforms: cpu:`` overlay with each stage's environment:
-``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``VLLM_CPU_KVCACHE_SPACE``, ``LD_PRELOAD``) plus an
+``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``, ``VLLM_CPU_KVCACHE_SPACE``, ``LD_PRELOAD``, and the talker's
+``OMNILAB_QUANTIZATION``: omnilab's weight-only decode quantization, which is no vLLM ``quantization`` method,
+so it travels as the talker process's environment) plus an
 ``omnilab:`` block with every field's reason and source, so ``DeployProfile.from_yaml(p.to_yaml()) == p``
 (``profile_fields_from_yaml`` reads it back). A file or preset may also be partial: ``resolve_profile``
 (:mod:`omnilab.profiles.resolve`) then plans the missing fields (values from the
@@ -28,6 +30,7 @@ from omnilab.profiles.cost import StreamEstimate
 from omnilab.profiles.overrides import BIND_WORDS, EXTRA_ARGS, FIELDS, NOBIND, Overrides, whole_gib
 
 _CONNECTOR = "connector_of_shared_memory"
+_CARRIED = ("OMNILAB_QUANTIZATION",)  # omnilab variables a stage's env block carries (the others are derived)
 
 
 def profile_to_yaml(profile: Any, path: str | os.PathLike | None = None) -> str:
@@ -45,8 +48,10 @@ def profile_to_yaml(profile: Any, path: str | os.PathLike | None = None) -> str:
     ]
     cpu_stages = []
     for i, stage in enumerate(("talker", "code2wav")):
-        env = {k: val for k, val in profile.to_env(stage).items() if not k.startswith("OMNILAB_")}
+        env = {k: val for k, val in profile.to_env(stage).items() if not k.startswith("OMNILAB_") or k in _CARRIED}
         env.setdefault("LD_PRELOAD", "")
+        if stage == "talker":  # omnilab's weight-only quantization is no vLLM quantization method: an env entry
+            env.setdefault("OMNILAB_QUANTIZATION", v["quantization"])
         cpu_stages.append({"stage_id": i, "env": env})
     doc = {
         "name": profile.name, "async_chunk": True,
@@ -143,6 +148,8 @@ def values_from_doc(doc: Mapping[str, Any], label: str) -> dict[str, Any]:
             raw[f"{prefix}_cpus"] = (bind, "VLLM_CPU_OMP_THREADS_BIND")
         if "OMP_NUM_THREADS" in env:
             raw[f"{prefix}_threads"] = (env["OMP_NUM_THREADS"], "OMP_NUM_THREADS")
+    if "OMNILAB_QUANTIZATION" in e0:
+        raw["quantization"] = (e0["OMNILAB_QUANTIZATION"] or "none", "OMNILAB_QUANTIZATION")
     if "LD_PRELOAD" in e0:
         raw["preload"] = (e0["LD_PRELOAD"] or "none", "LD_PRELOAD")
     if "stage_mode" in cpu:

@@ -173,6 +173,11 @@ def _preload(v: Any, where: str) -> tuple[str, ...]:
     return libs
 
 
+def _quantization(v: Any, where: str) -> str:
+    from omnilab.config import parse_quantization, quantization_spelling
+    return quantization_spelling(*parse_quantization(v, where))
+
+
 parse_bind = _rank_cpus  # VLLM_CPU_OMP_THREADS_BIND syntax, for the engine
 
 
@@ -187,6 +192,8 @@ FIELDS: dict[str, tuple[str, Callable[[Any, str], Any], str]] = {
     "code2wav_cpus": ("OMNILAB_CODE2WAV_CPUS", _cpus, "code2wav CPU list: '14-15'"),
     "reserved_cpus": ("OMNILAB_RESERVED_CPUS", _reserved, "CPUs kept free for the front-end: '0' or 'none'"),
     "dtype": ("OMNILAB_DTYPE", _dtype, "float32 | bfloat16"),
+    "quantization": ("OMNILAB_QUANTIZATION", _quantization,
+                     "decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | int4-g128"),
     "max_num_seqs": ("OMNILAB_MAX_NUM_SEQS", _pos_int, "concurrent talker sequences"),
     "max_model_len": ("OMNILAB_MAX_MODEL_LEN", _pos_int, "talker context length (tokens)"),
     "kv_cache_bytes": ("OMNILAB_KV_CACHE_GIB", _gib, "talker KV cache budget in GiB (float)"),

@@ -1,7 +1,7 @@
 """``plan(hardware, model_config)`` -> ``DeployProfile``: every knob sized for one machine, with reasons.
 
 Contract: pure function of (``HardwareInfo``, model geometry, optional measured ``StageTimes``, override
-layers, see ``overrides.py``). Order: dtype -> cost model -> reserved CPUs -> stage placement (mode, TP,
+layers, see ``overrides.py``). Order: dtype -> quantization -> cost model -> reserved CPUs -> stage placement (mode, TP,
 threads, CPU lists) -> KV budget (``memory.py``) -> chunking -> preload. Placement enumerates candidates
 (shared cores; split within a node; split across nodes), scores them with the cost model and keeps the
 fastest steady state, preferring an earlier first audio and then fewer CPUs among those within 3 %. Every
@@ -25,6 +25,7 @@ from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, SHARED_PENALTY, CostMod
                                    doubling_ramp, estimate)
 from omnilab.profiles.memory import kv_budget
 from omnilab.profiles.overrides import NOBIND, Overrides, vllm_reserved_cores
+from omnilab.profiles.quantization import quantization_field
 from omnilab.profiles.profile import DeployProfile, Resolved
 
 RESERVE_FROM_CORES = 8                     # reserve a front-end core only when the compute budget is >= this
@@ -79,7 +80,8 @@ def as_geometry(model_config: Any, speech_config: Any = None, where: Any = None)
 def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_concurrency: int | None = None,
          max_model_len: int | None = None, stage_times: StageTimes | None = None,
          overrides: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None,
-         defaults_source: str = "preset", env: Mapping[str, str] | None = None, name: str = "auto") -> DeployProfile:
+         defaults_source: str = "preset", env: Mapping[str, str] | None = None, name: str = "auto",
+         path_times: Any = None) -> DeployProfile:
     """Size both stages for ``hardware`` (probed if None) and ``model_config`` (see ``as_geometry``).
 
     Args:
@@ -91,6 +93,8 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
         env: environment (default ``os.environ``); ``OMNILAB_*`` variables win over everything, vLLM's CPU
             variables (``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND``,
             ``VLLM_CPU_NUM_OF_RESERVED_CPU``) over arguments (see ``omnilab.profiles.overrides``).
+        path_times: a :class:`~omnilab.profiles.timing.PathTimes` measured on this machine
+            (``omnilab.kernels.timing.path_times``): an automatic dtype follows it; None: the ISA rule.
     """
     hw = hardware or probe_hardware()
     geo = as_geometry(model_config)
@@ -98,8 +102,8 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     args.setdefault("max_num_seqs", max_concurrency)
     args.setdefault("max_model_len", max_model_len)
     ov = Overrides(os.environ if env is None else env, args, defaults, defaults_source)
-    dtype = _dtype(hw, ov)
-    cost = CostModel.build(geo, hw, dtype.value, stage_times)
+    dtype, quant = _dtype(hw, ov, path_times), quantization_field(geo, ov)
+    cost = CostModel.build(geo, hw, dtype.value, stage_times, quant.value)
     reserved, pools, budget = _reserve(hw, ov)
     placed = _place(hw, cost, ov, reserved.value, pools, budget)
     tp = placed["talker_tp_size"].value
@@ -108,7 +112,8 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     mem, cap = kv_budget(hw, geo, dtype.value, ov, nodes)
     chunks, est = _chunking(cost_tp, geo, ov, placed)
     pinned = (ov.get("talker_cpus") or (None,))[0] != NOBIND
-    profile = DeployProfile(name=name, reserved_cpus=reserved, dtype=dtype, preload=_preload(hw, ov), **placed,
+    profile = DeployProfile(name=name, reserved_cpus=reserved, dtype=dtype, quantization=quant,
+                            preload=_preload(hw, ov), **placed,
                             **mem, **chunks, estimate=est, memory_cap_bytes=cap, hardware=_hw_line(hw),
                             talker_pinned=pinned)
     return dataclasses.replace(profile, warnings=tuple(profile.check(hw)))
@@ -125,15 +130,15 @@ def _set(src: str, extra: str = "") -> str:
 
 
 # ---------------------------------------------------------------- dtype
-def _dtype(hw: HardwareInfo, ov: Overrides) -> Resolved[str]:
+def _dtype(hw: HardwareInfo, ov: Overrides, times: Any = None) -> Resolved[str]:
+    from omnilab.profiles.timing import dtype_from_times
     native, why = hw.native_bf16()
     o = ov.get("dtype")
     if o:
         note = "" if o[0] == "float32" or native else f"warning: {why}"
         return Resolved(o[0], _set(o[1], note), o[1])
-    if native:
-        return Resolved("bfloat16", f"{why}: native bf16 halves the bytes per frame", "auto")
-    return Resolved("float32", f"{why}; fp32 (bf16 only with avx512_bf16, AMX or Arm bf16)", "auto")
+    value, reason = dtype_from_times(native, why, times)
+    return Resolved(value, reason, "auto")
 
 
 # ---------------------------------------------------------------- reserved CPUs and core pools

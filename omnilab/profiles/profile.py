@@ -21,6 +21,7 @@ import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from omnilab.config import INT4_GROUP_SIZES
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, format_cpulist
 from omnilab.html_tables import html_table
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 STAGES = ("talker", "code2wav")
 MODES = ("split", "shared")
 DTYPES = ("float32", "bfloat16")
+QUANTIZATIONS = ("none", "int8") + tuple(f"int4-g{g}" for g in INT4_GROUP_SIZES)
 
 
 def _show(name: str, v: Any) -> str:
@@ -62,6 +64,7 @@ class DeployProfile:
     code2wav_cpus: Resolved[tuple[int, ...]]
     reserved_cpus: Resolved[tuple[int, ...]]          # left to the notebook kernel / front-end
     dtype: Resolved[str]
+    quantization: Resolved[str]                       # decode matrices: "none" | "int8" | "int4-g32/64/128"
     max_num_seqs: Resolved[int]
     max_model_len: Resolved[int]
     kv_cache_bytes: Resolved[int]
@@ -85,6 +88,9 @@ class DeployProfile:
             raise ConfigError(f"mode {v['mode']!r}; accepted: {', '.join(MODES)}")
         if v["dtype"] not in DTYPES:
             raise ConfigError(f"dtype {v['dtype']!r}; accepted: {', '.join(DTYPES)}")
+        if v["quantization"] not in QUANTIZATIONS:
+            raise ConfigError(f"quantization {v['quantization']!r}; accepted: {', '.join(QUANTIZATIONS)} "
+                              f"(an int4 profile names its group)")
         for k in ("talker_tp_size", "talker_threads", "code2wav_threads", "max_num_seqs", "max_model_len",
                   "kv_cache_bytes", "first_chunk_frames", "steady_chunk_frames"):
             if not isinstance(v[k], int) or v[k] < 1:
@@ -161,6 +167,8 @@ class DeployProfile:
                "OMNILAB_DTYPE": self.dtype.value}
         if self.preload.value:
             env["LD_PRELOAD"] = ":".join(self.preload.value)
+        if stage == "talker" and self.quantization.value != "none":  # the worker's environment says what it loads
+            env["OMNILAB_QUANTIZATION"] = self.quantization.value
         if stage == "talker" and self.kv_cache_bytes.value % GiB == 0:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_bytes.value // GiB)  # vLLM reads whole GiB
         return env
@@ -255,7 +263,8 @@ class DeployProfile:
         chunks = "/".join(map(str, (v["first_chunk_frames"], *v["chunk_ramp_frames"], v["steady_chunk_frames"])))
         return (f"DeployProfile({self.name!r}, {v['mode']}: talker {v['talker_threads']} thr "
                 f"[{_show('talker_cpus', v['talker_cpus'])}], code2wav {v['code2wav_threads']} thr "
-                f"[{format_cpulist(v['code2wav_cpus'])}], {v['dtype']}, KV {self.kv_cache_gib:.2f} GiB, "
+                f"[{format_cpulist(v['code2wav_cpus'])}], {v['dtype']}"
+                + (f" {v['quantization']}" if v["quantization"] != "none" else "") + f", KV {self.kv_cache_gib:.2f} GiB, "
                 f"chunks {chunks}" + (f", est. RTF {e.rtf:.2f}" if e else "") + ")")
 
     def __str__(self) -> str:

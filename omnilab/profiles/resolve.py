@@ -55,7 +55,8 @@ def resolve_profile(spec: Any = "auto", *, hardware=None, model_config=None, env
                           f"and not an existing YAML file")
     doc, label = load_yaml_doc(path)
     values = values_from_doc(doc, label)
-    if is_complete(doc, values) and not Overrides(env).env_set() and not plan_kwargs:
+    replans = {k for k, v in plan_kwargs.items() if k != "path_times"}  # a timing only informs an open dtype
+    if is_complete(doc, values) and not Overrides(env).env_set() and not replans:
         profile = profile_from_yaml(doc if isinstance(path, Mapping) else path)
         return dataclasses.replace(profile, name=name, warnings=tuple(profile.check(hw)) + doc_notes(doc, label))
     profile = plan(hw, model_config, defaults=values, defaults_source=source, env=env,

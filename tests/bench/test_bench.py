@@ -314,3 +314,61 @@ def test_reference_row(tiny_ckpt):
         pytest.skip(".venv-ref not found")
     row = reference.reference_row(tiny_ckpt("custom_voice"), threads=1, frames=3)
     assert row["step_ms"] > 0 and row["code2wav_ms_per_frame"] == row["code2wav_25f_ms_per_frame"] > 0
+
+
+def test_quantization_and_dtype_lists_expand_into_suffixed_configurations():
+    assert be.expand(("vllm",), ("none", "int4"), ("auto", "float32")) == (
+        "vllm+auto", "vllm+fp32", "vllm+int4+auto", "vllm+int4+fp32")
+    assert be.expand(("eager", "vllm"), ("none", "int8")) == ("eager", "eager+int8", "vllm", "vllm+int8")
+    assert be.expand(("eager",), (), ("bfloat16",)) == ("eager",)  # one dtype: --dtype as before, no suffix
+    with pytest.raises(ValueError, match="accepted: quantization none, int8, int4"):
+        be.expand(("eager",), ("int3",))
+    c = be.parse_config("vllm+int4+auto")
+    assert c.dtype == "auto" and c.dtype_arg("float32") is None and c.env == {"OMNILAB_QUANTIZATION": "int4"}
+    assert be.parse_config("eager+bf16").dtype_arg("float32") == "bfloat16"
+    assert be.parse_config("eager").dtype_arg("bfloat16") == "bfloat16"
+    with pytest.raises(ValueError, match="more than one dtype suffix"):
+        be.parse_config("eager+fp32+bf16")
+
+
+def test_stream_read_probe_reports_bytes_over_seconds(monkeypatch):
+    monkeypatch.setattr(floors, "_clock", _Clock())
+    sr = floors.measure_stream_read(mib=2, reps=3, threads=1)
+    assert sr["bytes"] == 2 * 2**20 and sr["seconds"] == _Clock.TICK
+    assert sr["gbps"] == sr["bytes"] / sr["seconds"] / 1e9 == sr["gbps_median"]
+
+
+def test_decode_bytes_count_storage_and_predictor_passes(tiny_ckpt):
+    from omnilab.checkpoint.load import load_model
+    from omnilab.kernels.quant import quantization_choice
+
+    ckpt = tiny_ckpt("custom_voice")
+    fp32 = load_model(ckpt, dtype="float32").talker
+    bpf = floors.bytes_per_frame(ckpt, 4)  # the file's shapes at 4 B per weight, norms included
+    got = floors.decode_bytes_per_frame(fp32)
+    stored = 2 if fp32.weight_storage.bf16 else 4  # bf16 storage halves what a step reads
+    assert abs(got - bpf["talker_bytes_per_frame"] * stored / 4) < 0.01 * got  # norms: < 1 %
+    int8 = load_model(ckpt, dtype="float32", quantization=quantization_choice("int8")).talker
+    assert floors.decode_bytes_per_frame(int8) < 0.6 * got * 2 / stored  # ~1 B per weight + scales
+    assert floors.decode_bytes_per_frame(None) is None
+
+
+def test_quantization_and_dtype_rows_carry_points_and_fidelity(tiny_ckpt, tmp_path, capsys):
+    argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "eager", "--quantization", "none,int8",
+            "--dtype", "float32,bfloat16", "--interleave", "1", "--concurrency", "1", "--gemv-mib", "8",
+            "--out", str(tmp_path), "--name", "q", *FAST]
+    d, out = _bench(argv, capsys)
+    names = [r["config"] for r in d["rows"]]
+    assert names == ["eager+fp32", "eager+bf16", "eager+int8+fp32", "eager+int8+bf16"]
+    assert d["stream_read_gbps"] > 0 and d["gemv_gbps"] > 0
+    pts = {p["config"]: p for p in d["points"]}
+    assert pts["eager+int8+bf16"]["quantization"] == "int8" and pts["eager+int8+bf16"]["dtype"] == "bfloat16"
+    assert pts["eager+fp32"]["dtype_requested"] == "float32" and pts["eager+fp32"]["quantization"] == "none"
+    for p in pts.values():
+        assert p["effective_gbps"] > 0 and p["talker_ms_per_frame"] > 0 and p["ttfa_ms_p50"] > 0
+        f = p["fidelity"]
+        assert set(f) >= {"c0_agreement", "c0_kl_mean", "cp_agreement", "wave_snr_db"}
+        assert 0 <= f["c0_agreement"] <= 1 and 0 <= f["cp_agreement"] <= 1 and f["c0_kl_mean"] >= 0
+    ref = pts["eager+fp32"]["fidelity"]  # the reference's own numerics: identical by construction
+    assert ref["c0_agreement"] == 1.0 and ref["cp_agreement"] == 1.0 and ref["c0_kl_mean"] < 1e-6
+    assert "c0 agree" in out[0] + "\n".join(out) and "decode GB/s" in "\n".join(out)

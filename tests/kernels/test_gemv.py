@@ -147,14 +147,16 @@ def test_linear_dispatch_by_rows_dtype_and_autograd(fresh_choice):
         else:  # torch's own result, bit for bit (single-stream numerics stay the reference's)
             assert torch.equal(got, F.linear(x, w))
     assert calls == [4, 5, 6, 7, 8]
-    gemv.linear(torch.randn(4, 64, dtype=torch.bfloat16), w.bfloat16())
+    xb = torch.randn(4, 64, dtype=torch.bfloat16)  # bf16 compute: the kernel on the widened rows, rounded once
+    assert torch.equal(gemv.linear(xb, w.bfloat16()), gemv.gemv_rows(xb.float(), w.bfloat16()).bfloat16())
+    assert calls == [4, 5, 6, 7, 8, 4, 4]
     with pytest.raises(RuntimeError):  # a shape mismatch is torch's error, never a read past the weight
         gemv.linear(torch.randn(4, 65), w)
     wt, x4 = torch.randn(64, 96).t(), torch.randn(4, 64)  # non-contiguous weight: torch, not a copy per call
     assert torch.equal(gemv.linear(x4, wt), F.linear(x4, wt))
     wg = torch.randn(96, 64, requires_grad=True)
     gemv.linear(torch.randn(4, 64), wg).sum().backward()  # autograd goes through torch
-    assert wg.grad is not None and calls == [4, 5, 6, 7, 8]
+    assert wg.grad is not None and calls == [4, 5, 6, 7, 8, 4, 4]
 
 
 def test_use_gemv_switches_linear(fresh_choice):

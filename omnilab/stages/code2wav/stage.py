@@ -9,6 +9,10 @@ reference codes) are decoded first as context and their audio is dropped, as the
 ``Code2WavStage(decoder, threads=N)`` runs every decode on ``N`` torch threads (this process's count is
 restored after each call): in-process, the deploy profile's ``code2wav_threads`` is applied this way.
 ``info()`` reports the pid and the threads the stage's calls run with (``pipe.check_profile()`` reads it).
+
+``Code2WavStage(decoder, dtype=choice)`` sets the decoder's conv-decoder compute dtype first
+(``Code2Wav.set_compute_dtype``; ``choice``: an ``omnilab.kernels.code2wav_dtype.Code2WavDtype`` or a torch dtype;
+None leaves the decoder as given); ``info()["code2wav_dtype"]`` says which runs.
 """
 from __future__ import annotations
 
@@ -78,10 +82,13 @@ class Code2WavSession:
 
 
 class Code2WavStage:
-    def __init__(self, decoder: Code2Wav, threads: int | None = None):
+    def __init__(self, decoder: Code2Wav, threads: int | None = None, dtype: Any = None):
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise InputError(f"code2wav threads must be a positive integer or None; got {threads!r}")
+        if dtype is not None:
+            decoder.set_compute_dtype(getattr(dtype, "torch_dtype", dtype))
         self.decoder = decoder.eval().prepare()
+        self.dtype = dtype
         self.threads = threads
         self._sessions: dict[Hashable, Code2WavSession] = {}
 
@@ -107,7 +114,8 @@ class Code2WavStage:
     def info(self) -> dict[str, Any]:
         """``pid`` and ``torch_threads``: the threads this stage's decodes run with (in this process)."""
         return {"pid": os.getpid(), "torch_threads": self.threads or torch.get_num_threads(),
-                "sessions": sorted(map(str, self._sessions))}
+                "sessions": sorted(map(str, self._sessions)),
+                "code2wav_dtype": str(self.decoder.compute_dtype).removeprefix("torch.")}
 
     def decode(self, codes, prefix_codes=None) -> np.ndarray:
         """Whole-utterance decode of ``codes [T, 16]`` -> float32 audio ``[T * 1920]``."""

@@ -3,7 +3,9 @@
 Contract:
 - ``Code2WavWorker(checkpoint, cpus=..., threads=...)`` spawns one process that pins itself to ``cpus``
   (``sched_setaffinity`` plus ``OMP_NUM_THREADS``/``OMP_PLACES`` set before torch starts) and loads only
-  the code2wav decoder (fp32) from ``speech_tokenizer/model.safetensors``.
+  the code2wav decoder from ``speech_tokenizer/model.safetensors``, its conv decoder in ``dtype`` (the client's
+  ``omnilab.kernels.code2wav_dtype.Code2WavDtype``, sent with the spawn arguments; None = resolved here for an fp32
+  pipeline: fp32 unless ``OMNILAB_CODE2WAV_DTYPE`` says otherwise). ``info()["code2wav_dtype"]`` reads it back.
 - The same API as :class:`~omnilab.stages.code2wav.stage.Code2WavStage` (``decode``, ``open_session`` ->
   session with ``push(codes [F, 16]) -> audio``, ``num_sessions``, ``close``) plus an asynchronous one:
   ``session.submit(codes) -> seq`` and ``worker.poll(timeout) -> [ChunkResult]``. The worker holds one
@@ -119,10 +121,18 @@ class Code2WavWorker:
     backend = "process"
 
     def __init__(self, checkpoint: str | os.PathLike, *, cpus: Sequence[int] | None = None, threads: int | None = None,
-                 poll_s: float = 0.2, env: dict[str, str] | None = None):
+                 poll_s: float = 0.2, env: dict[str, str] | None = None, dtype: Any = None):
         cpus = tuple(int(c) for c in cpus) if cpus else None
         threads = int(threads or (len(cpus) if cpus else 1))
         self.cpus, self.threads, self.poll_s = cpus, threads, poll_s
+        if dtype is None:
+            from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
+            dtype = code2wav_dtype_choice("float32")
+        name = getattr(dtype, "dtype", dtype)  # a Code2WavDtype, or its name
+        if name not in ("float32", "bfloat16"):
+            raise InputError(f"code2wav worker dtype {dtype!r} is not supported; accepted: a Code2WavDtype, "
+                             f"'float32', 'bfloat16'")
+        self.dtype = dtype
         self._seq = itertools.count()
         self._spans: list[dict[str, Any]] = []
         self._frames: dict[tuple[Hashable, int], tuple[int, int]] = {}
@@ -136,7 +146,7 @@ class Code2WavWorker:
             env.update(OMP_PLACES="{" + "},{".join(map(str, cpus)) + "}", OMP_PROC_BIND="true")
         t0 = time.perf_counter()
         with temporary_environ(env):
-            self.proc = ctx.Process(target=_worker_main, args=(child, str(checkpoint), cpus, threads),
+            self.proc = ctx.Process(target=_worker_main, args=(child, str(checkpoint), cpus, threads, name),
                                     name="omnilab-code2wav", daemon=True)
             self.proc.start()
         child.close()

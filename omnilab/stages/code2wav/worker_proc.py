@@ -1,8 +1,9 @@
 """The code2wav worker's process side: the spawn entry point and its message loop.
 
-Contract: ``_worker_main(conn, checkpoint, cpus, threads)`` is the ``multiprocessing`` (spawn) target
-started by :class:`~omnilab.stages.code2wav.worker.Code2WavWorker` (importable at module level). It pins
-itself to ``cpus``, loads the fp32 code2wav decoder, sends ``("ready", info)`` and then serves the
+Contract: ``_worker_main(conn, checkpoint, cpus, threads, dtype="float32")`` is the ``multiprocessing`` (spawn)
+target started by :class:`~omnilab.stages.code2wav.worker.Code2WavWorker` (importable at module level). It pins
+itself to ``cpus``, loads the code2wav decoder with its conv decoder in ``dtype`` (``"float32"`` / ``"bfloat16"``:
+the client's choice), sends ``("ready", info)`` and then serves the
 pipe protocol until ``("stop",)`` or EOF:
 - ``("open", rid, prefix)`` / ``("close", rid)``: create / free one request's decoder state;
 - ``("push", rid, seq, codes, t_send)``: queued; ready chunks of several requests are decoded together
@@ -24,9 +25,10 @@ from typing import Any
 import numpy as np
 
 _GATHER_S = 0.002  # batching window when several streams are open
+_MODEL: list = []  # the worker's decoder (for _info)
 
 
-def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: int) -> None:
+def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: int, dtype: str = "float32") -> None:
     """Process entry point (importable, for the spawn start method)."""
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -40,8 +42,9 @@ def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: i
     torch.set_flush_denormal(True)
     path = Path(checkpoint)
     speech = SpeechTokenizerConfig.load(path / "speech_tokenizer" / "config.json")
-    model = load_code2wav_weights(path, speech).prepare()
+    model = load_code2wav_weights(path, speech, dtype=getattr(torch, dtype)).prepare()
     release_memory()
+    _MODEL[:] = [model]
     states: dict[Any, Any] = {}
     conn.send(("ready", _info(states)))
 
@@ -159,4 +162,5 @@ def _info(states: dict) -> dict[str, Any]:
                         tasks[int(tid)] = line.split(":", 1)[1].strip()
     return {"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "sessions": sorted(map(str, states)),
-            "thread_cpus": tasks, "snake": snake_choice().label}
+            "thread_cpus": tasks, "snake": snake_choice().label,
+            "code2wav_dtype": str(_MODEL[0].compute_dtype).removeprefix("torch.") if _MODEL else None}

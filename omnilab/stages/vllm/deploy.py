@@ -126,8 +126,9 @@ def client_load_options(deploy: Any = None) -> dict[str, bool]:
     return {"load_talker": not d.talker.multiprocess, "load_code2wav": not d.code2wav_process}
 
 
-def build_stages(model, deploy: Any = None):
-    """``(talker_stage, code2wav_stage)`` for the vLLM backend."""
+def build_stages(model, deploy: Any = None, code2wav_dtype: Any = None):
+    """``(talker_stage, code2wav_stage)`` for the vLLM backend; ``code2wav_dtype``: the client's
+    ``omnilab.kernels.code2wav_dtype.Code2WavDtype`` for code2wav, in this process or its worker (None: fp32)."""
     from omnilab.stages.vllm.engine import VllmTalkerStage
 
     d = resolve_deploy(deploy)
@@ -135,7 +136,7 @@ def build_stages(model, deploy: Any = None):
     if d.code2wav_process:
         from omnilab.stages.code2wav.worker import Code2WavWorker
         code2wav = Code2WavWorker(model.path, cpus=d.code2wav_cpus, threads=d.code2wav_threads,
-                                  env=dict(d.code2wav_env))
+                                  env=dict(d.code2wav_env), dtype=code2wav_dtype)
     if d.talker.multiprocess:
         model.talker = None  # the worker process loads its own copy; do not hold two
     if code2wav is not None:
@@ -149,7 +150,7 @@ def build_stages(model, deploy: Any = None):
         raise
     if code2wav is None:
         from omnilab.stages.code2wav.stage import Code2WavStage
-        code2wav = Code2WavStage(model.code2wav, threads=d.code2wav_threads)
+        code2wav = Code2WavStage(model.code2wav, threads=d.code2wav_threads, dtype=code2wav_dtype)
     return talker, code2wav
 
 

@@ -1,0 +1,147 @@
+"""``compare(ref_pipe, test_pipe, texts, **generation) -> QualityReport`` (docs/quality.md).
+
+Contract, per text (one request at a time, so every run is batch 1):
+
+1. The reference runs free and greedy: ``ref_pipe.generate(text, do_sample=False, subtalker_do_sample=False,
+   **generation)``, through its own backend (eager or vLLM); its frames ``codes`` ``[T, 16]`` and its audio
+   are kept.
+2. Both pipelines' talkers are teacher-forced on those frames (:func:`omnilab.quality.teacher.teacher_force`,
+   eagerly, on each pipeline's own modules): frame t's codebook-0 scores given frames < t, and the code
+   predictor's argmax of codebooks 1..15 given the reference's codes 0..i-1 of frame t. The reference side is
+   forced too, so both score vectors come from the same procedure: a pipeline compared with itself agrees
+   exactly, whichever backend generated the frames.
+3. The reference codes are decoded by ``test_pipe.code2wav`` and compared with the reference's own audio
+   (decoded by ``ref_pipe.code2wav`` from the same codes): the waveform SNR.
+
+``generation`` takes ``Pipeline.generate``'s keywords (``speaker``, ``language``, ``instruct``, ``ref_audio``,
+``ref_text``, ``max_new_tokens``, ``repetition_penalty``, ...); a list gives one value per text.
+``do_sample`` / ``subtalker_do_sample`` other than False are refused: the metrics are defined on greedy
+decoding. ``c0_scores``: ``"processed"`` (default: the scores greedy decoding takes the argmax of, after the
+repetition penalty over the reference's c0 history, the ``min_new_tokens`` EOS mask and the suppression of
+ids >= 2048 but EOS; both sides get the same processing) or ``"raw"`` (the talker's fp32 logits).
+Both pipelines must share one model geometry (``model.config``), else :class:`~omnilab.errors.ConfigError`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from omnilab.errors import ConfigError, InputError
+import omnilab.quality.metrics as metrics
+from omnilab.quality.report import COLUMNS, QualityReport
+from omnilab.quality.teacher import forcing_talker, teacher_force
+from omnilab.requests import UserRequest, build_request
+from omnilab.sampling import SamplingParams
+
+__all__ = ["C0_SCORES", "compare", "describe"]
+
+C0_SCORES = ("processed", "raw")
+_GREEDY_KEYS = ("do_sample", "subtalker_do_sample")
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(UserRequest) if f.name not in ("text",))
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def describe(pipe: Any) -> str:
+    """A pipeline in words for the report: backend, compute dtype and quantization, e.g. ``eager float32 int4``."""
+    model = getattr(pipe, "model", None)
+    dtype = str(getattr(model, "dtype", "?")).replace("torch.", "")
+    q = getattr(model, "quantization", None)
+    quant = f" {q.method}" + (f"-g{q.group_size}" if q.method == "int4" else "") if q is not None and q.enabled else ""
+    return f"{getattr(pipe, 'backend', '?')} {dtype}{quant}"
+
+
+def _per_text(texts: Sequence[str], generation: dict[str, Any]) -> list[dict[str, Any]]:
+    n = len(texts)
+    out = []
+    for i in range(n):
+        kw = {}
+        for k, v in generation.items():
+            if isinstance(v, list) and k != "input_ids":
+                if len(v) != n:
+                    raise InputError(f"{k} is a list of {len(v)} values but there are {n} texts")
+                v = v[i]
+            kw[k] = v
+        out.append(kw)
+    return out
+
+
+def _check_pair(ref_pipe: Any, test_pipe: Any) -> None:
+    rc, tc = ref_pipe.model.config, test_pipe.model.config
+    if rc != tc:
+        raise ConfigError(f"compare needs two pipelines of one model geometry; the reference is "
+                          f"{rc.tts_model_size} {rc.tts_model_type} ({ref_pipe.model.path}) and the test "
+                          f"{tc.tts_model_size} {tc.tts_model_type} ({test_pipe.model.path}); accepted: the same "
+                          "checkpoint (any backend, dtype or quantization) or one with an identical config")
+
+
+def compare(ref_pipe: Any, test_pipe: Any, texts: str | Sequence[str], *, c0_scores: str = "processed",
+            **generation: Any) -> QualityReport:
+    """Fidelity of ``test_pipe`` against ``ref_pipe`` on ``texts`` (see the module docstring)."""
+    if c0_scores not in C0_SCORES:
+        raise InputError(f"c0_scores {c0_scores!r} is not known; accepted: {', '.join(C0_SCORES)}")
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts:
+        raise InputError("texts is empty; give at least one sentence")
+    for k in _GREEDY_KEYS:
+        if generation.get(k, False) is not False:
+            raise InputError(f"{k}={generation[k]!r}: compare scores greedy decoding; accepted: False (or leave it out)")
+    if "input_ids" in generation:
+        raise InputError("compare takes texts, not input_ids")
+    _check_pair(ref_pipe, test_pipe)
+    ref_talker, test_talker = forcing_talker(ref_pipe), forcing_talker(test_pipe)
+    cfg = ref_pipe.model.config
+    seconds = {"reference": 0.0, "forcing": 0.0, "decode": 0.0}
+    t_start = time.perf_counter()
+    rows = []
+    for i, (text, kw) in enumerate(zip(texts, _per_text(texts, generation))):
+        kw = {**kw, "do_sample": False, "subtalker_do_sample": False}
+        t0 = time.perf_counter()
+        res = ref_pipe.generate(text, **kw)
+        seconds["reference"] += time.perf_counter() - t0
+
+        # the request and the sampling values the reference ran with (same parsing as Pipeline.generate)
+        preq, _ = build_request(ref_pipe.model, UserRequest(text=text, **{k: kw.get(k) for k in _REQUEST_FIELDS
+                                                                             if k != "input_ids"}), warn=False)
+        params = SamplingParams.from_defaults(ref_pipe.model.generation,
+                                              **{k: kw.get(k) for k in _SAMPLING_FIELDS if k in kw})
+        codes = torch.as_tensor(res.codes, dtype=torch.long)  # [T, 16]
+        stop = res.finish_reason == "eos"
+        t0 = time.perf_counter()
+        fr = teacher_force(ref_talker, cfg, preq, codes, params, stop_step=stop, raw=c0_scores == "raw")
+        ft = teacher_force(test_talker, cfg, preq, codes, params, stop_step=stop, raw=c0_scores == "raw")
+        seconds["forcing"] += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        test_audio = test_pipe.code2wav.decode(res.codes, prefix_codes=preq.ref_codes) if len(codes) else \
+            np.zeros(0, dtype=np.float32)
+        seconds["decode"] += time.perf_counter() - t0
+        rows.append(_row(f"req-{i}", res, codes, fr, ft, test_audio))
+    seconds["total"] = time.perf_counter() - t_start
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    return QualityReport(table, describe(ref_pipe), describe(test_pipe), c0_scores, seconds)
+
+
+def _row(request: str, res: Any, codes: torch.Tensor, fr, ft, test_audio: np.ndarray) -> dict:
+    """One report row from the reference result, both forced runs and the test decode."""
+    n = codes.shape[0]
+    kl = metrics.kl_per_frame(fr.c0_scores, ft.c0_scores)  # [T]
+    by_cb = metrics.code_agreement(fr.cp_argmax, ft.cp_argmax)  # [15]
+    replay = metrics.code_agreement(codes.reshape(-1, 1), fr.argmax.reshape(-1, 1))[0] if n else float("nan")
+    stop = None
+    if fr.stop_scores is not None:
+        stop = bool(int(ft.stop_scores.argmax()) == int(fr.stop_scores.argmax()))
+    return {
+        "request": request, "text": res.text, "frames": int(n),
+        "c0_agreement": metrics.top1_agreement(fr.c0_scores, ft.c0_scores),
+        "c0_kl_mean": float(kl.mean()) if n else float("nan"),
+        "c0_kl_max": float(kl.max()) if n else float("nan"),
+        "cp_agreement": float(np.mean(by_cb)) if n else float("nan"),
+        "cp_agreement_by_codebook": [float(x) for x in by_cb],
+        "stop_agreement": stop, "replay_agreement": float(replay),
+        "wave_snr_db": metrics.wave_snr_db(res.audio, test_audio), "finish_reason": res.finish_reason,
+    }

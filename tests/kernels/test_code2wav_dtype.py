@@ -1,0 +1,75 @@
+"""OMNILAB_CODE2WAV_DTYPE: the rule on fake hardware, the explicit modes, errors, and the choice reaching the
+pipeline (``pipe.deployment`` row, the decoder the stage runs). No speed is measured here."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnilab.errors import ConfigError
+from omnilab.kernels.code2wav_dtype import EMULATED, ENV, MEASURED, code2wav_dtype_choice
+
+AMX = frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+AVX512_BF16 = frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})
+AVX2 = frozenset({"avx2", "fma"})
+
+
+def choice(mode: str = "", flags=AMX, compute=None, arch: str = "x86_64"):
+    return code2wav_dtype_choice(compute, env=mode, flags=flags, arch=arch)
+
+
+@pytest.mark.parametrize("flags", [AMX, AVX512_BF16], ids=["amx", "avx512_bf16"])
+def test_auto_picks_bf16_on_native_bf16_with_the_measured_figures(flags):
+    c = choice(flags=flags)
+    assert (c.dtype, c.native, c.source, c.torch_dtype) == ("bfloat16", True, "auto", torch.bfloat16)
+    assert MEASURED in c.reason and "ms/frame" in c.reason  # the figures the rule rests on are quoted
+    assert c == choice(flags=flags, compute=torch.bfloat16)  # a bf16 pipeline: the same
+
+
+def test_auto_keeps_fp32_without_native_bf16_and_for_an_fp32_pipeline():
+    c = choice(flags=AVX2)
+    assert (c.dtype, c.native, c.torch_dtype) == ("float32", False, torch.float32)
+    assert "emulated" in c.reason
+    c = choice(flags=AMX, compute=torch.float32)  # dtype="float32" asked for fp32 numerics
+    assert (c.dtype, c.native) == ("float32", True) and "float32" in c.reason and ENV in c.reason
+    assert choice(flags={"asimd", "bf16"}, arch="aarch64").dtype == "bfloat16"
+    assert choice(flags={"asimd"}, arch="aarch64").dtype == "float32"
+
+
+def test_explicit_modes_win_and_emulated_bf16_says_so():
+    c = choice("bfloat16", flags=AVX2)
+    assert (c.dtype, c.native, c.source) == ("bfloat16", False, "env")
+    assert EMULATED in c.reason and "emulated" in c.label
+    c = choice(" BFloat16 ", flags=AMX, compute=torch.float32)  # explicit beats the fp32 pipeline rule
+    assert (c.dtype, c.native) == ("bfloat16", True) and EMULATED not in c.reason
+    c = choice("float32", flags=AMX)
+    assert (c.dtype, c.source, c.label) == ("float32", "env", "float32") and ENV in c.reason
+
+
+def test_unknown_mode_names_the_variable_value_and_accepted(monkeypatch):
+    with pytest.raises(ConfigError, match=r"OMNILAB_CODE2WAV_DTYPE='fp16'.*auto, float32, bfloat16"):
+        choice("fp16")
+    monkeypatch.setenv(ENV, "bf16")  # read from the environment when env= is not given
+    with pytest.raises(ConfigError, match="'bf16'"):
+        code2wav_dtype_choice(flags=AMX)
+    monkeypatch.setenv(ENV, "float32")
+    assert code2wav_dtype_choice(flags=AMX).source == "env"
+
+
+@pytest.mark.parametrize("mode,dtype", [("bfloat16", torch.bfloat16), ("", torch.float32)])
+def test_choice_reaches_the_eager_pipeline(tiny_ckpt, monkeypatch, mode, dtype):
+    """``dtype="float32"`` under auto keeps fp32 on every CPU; an explicit bfloat16 runs everywhere (emulated where
+    the CPU lacks bf16), and ``pipe.deployment`` shows the row."""
+    from omnilab.pipeline import Pipeline
+
+    monkeypatch.setenv(ENV, mode)
+    pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32",
+                                    deploy_profile=None)
+    try:
+        assert pipe.model.code2wav.compute_dtype == dtype
+        assert pipe.code2wav.info()["code2wav_dtype"] == str(dtype).removeprefix("torch.")
+        rows = dict(pipe.deployment.rows())
+        assert rows["code2wav dtype"].startswith(pipe.deployment.code2wav_dtype.label)
+        audio = pipe.code2wav.decode(torch.randint(0, 2048, (3, 16)))
+        assert audio.dtype.name == "float32" and audio.shape == (3 * 1920,)
+    finally:
+        pipe.close()
