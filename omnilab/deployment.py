@@ -55,6 +55,7 @@ class Deployment:
     snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
     code2wav_dtype: Any = None     # omnilab.kernels.code2wav_dtype.Code2WavDtype of code2wav's conv decoder (idem)
     quantization: Any = None       # QuantizationRow of the talker's decode matrices (idem; None: not resolved)
+    paths: Any = None              # omnilab.kernels.timing.LinearPaths: bf16 decode rows, prefill GEMMs (idem)
     not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
 
     def quantization_request(self, method: Any, group_size: Any) -> tuple[Any, Any]:
@@ -78,6 +79,8 @@ class Deployment:
             out.append(("decode linears", f"{self.gemv.label}: {self.gemv.reason}"))
         if self.weights is not None:
             out.append(("decode weights", f"{self.weights.label}: {self.weights.reason}"))
+        if self.paths is not None:
+            out.append(("linear paths", f"{self.paths.label}: {self.paths.reason}"))
         if self.hugepages is not None:
             out.append(("decode weight pages", f"{self.hugepages.label}: {self.hugepages.reason}"))
         if self.snake is not None:
@@ -211,8 +214,23 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
         kwargs["path_times"] = path_times()
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency
-    geometry = as_geometry(model_config if model_config is not None else checkpoint_dir)
+    geometry = with_stored_quantization(as_geometry(model_config if model_config is not None else checkpoint_dir),
+                                        checkpoint_dir)
     return resolve_profile(spec, model_config=geometry, **kwargs)
+
+
+def with_stored_quantization(geometry: Any, checkpoint_dir: Path) -> Any:
+    """``geometry`` with the quantization a pack-quantized checkpoint stores (``checkpoint.quantized.read_scheme``),
+    so the profile's ``quantization`` field says what loads (source ``checkpoint``)."""
+    import dataclasses
+
+    from omnilab.checkpoint.quantized import read_scheme
+    from omnilab.config import quantization_spelling
+
+    scheme = read_scheme(checkpoint_dir)
+    if scheme is None:
+        return geometry
+    return dataclasses.replace(geometry, stored_quantization=quantization_spelling(scheme.method, scheme.group_size))
 
 
 def _chunk_schedule(profile):

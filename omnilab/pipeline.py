@@ -43,10 +43,8 @@ _REQUEST_KEYS = ("speaker", "language", "instruct", "ref_audio", "ref_text", "x_
 
 
 def flush_denormals() -> None:
-    """Flush fp32 denormals to zero in this process (they make x86 convs several times slower).
-
-    numpy's ``finfo`` tables are computed first: computed after the switch, they report a zero
-    smallest subnormal and warn on every pandas/numpy import."""
+    """Flush fp32 denormals to zero in this process (they make x86 convs several times slower). numpy's ``finfo``
+    tables are computed first: after the switch they report a zero smallest subnormal and warn on every import."""
     for t in (np.float16, np.float32, np.float64, np.longdouble):
         np.finfo(t).smallest_subnormal
     torch.set_flush_denormal(True)
@@ -158,19 +156,18 @@ class Pipeline:
                       quantization=quantization_spelling(quantization, quant_group_size))
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
-        from omnilab.kernels import gemv_choice
+        from omnilab.kernels import code2wav_dtype_choice as c2w_dtype, gemv_choice
         from omnilab.kernels.hugepages import hugepages_choice
-        from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
         from omnilab.kernels.snake import snake_choice
         from omnilab.kernels.storage import weight_storage_choice
-        # resolved here so a bad OMNILAB_CPU_GEMV / OMNILAB_HUGEPAGES / OMNILAB_DECODE_WEIGHTS / OMNILAB_CPU_SNAKE /
-        # OMNILAB_QUANTIZATION fails now (before any worker starts); builds the kernels once per machine
+        from omnilab.kernels.timing import linear_paths
+        # resolved here: a bad kernel/dtype/quantization variable fails before any worker starts; kernels built once
         weights = weight_storage_choice(compute := resolve_dtype(dep.dtype)[0])
         quant_row = quantization_row(path, *dep.quantization_request(quantization, quant_group_size), weights, compute)
         quant = quant_row.choice
         dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(), weights=weights,
-                                  snake=snake_choice(), quantization=quant_row,
-                                  code2wav_dtype=code2wav_dtype_choice(compute))  # OMNILAB_CODE2WAV_DTYPE
+                                  snake=snake_choice(), quantization=quant_row, code2wav_dtype=c2w_dtype(dtype),
+                                  paths=linear_paths())
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm.deploy import build_stages, client_load_options
@@ -179,9 +176,8 @@ class Pipeline:
             talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy, code2wav_dtype=dep.code2wav_dtype)
         else:
             model = load_model(path, dtype=dep.dtype, configs=configs, quantization=quant)
-            c2w_threads = dep.profile.threads("code2wav") if dep.profile is not None else None
-            talker_stage = EagerTalkerStage(model)
-            code2wav_stage = Code2WavStage(model.code2wav, threads=c2w_threads, dtype=dep.code2wav_dtype)
+            c2w = (dep.profile.threads("code2wav") if dep.profile is not None else None, dep.code2wav_dtype)
+            talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav, *c2w)
         return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,
                    hooks=hooks, deployment=dep)
 

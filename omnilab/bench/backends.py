@@ -9,7 +9,8 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
   ``+inductor`` (the code predictor's MLPs compiled by inductor), and environment switches set while the
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
   ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` / ``+int4-g32`` / ``+int4-g64`` (decode
-  matrices quantized at load); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute dtype (``+auto``: what a user
+  matrices quantized at load); ``+fp32-code2wav`` / ``+bf16-code2wav`` set code2wav's dtype
+  (``OMNILAB_CODE2WAV_DTYPE``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute dtype (``+auto``: what a user
   who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses configurations with ``--quantization`` and
   ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and
   ``vllm-workers-inductor`` (the former script's names) are aliases.
@@ -54,6 +55,8 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+int4": {"OMNILAB_QUANTIZATION": "int4"},  # ... int4, groups of 128 along K (or the largest that divides K)
     "+int4-g32": {"OMNILAB_QUANTIZATION": "int4-g32"}, "+int4-g64": {"OMNILAB_QUANTIZATION": "int4-g64"},
     "+fp32": {}, "+bf16": {}, "+auto": {},  # the compute dtype asked for (DTYPE_SUFFIXES; default: --dtype)
+    "+fp32-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "float32"},  # code2wav's dtype (default: its auto rule)
+    "+bf16-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "bfloat16"},
 }
 DTYPE_SUFFIXES = {"+fp32": "float32", "+bf16": "bfloat16", "+auto": "auto"}  # "auto": dtype=None, the planner's rule
 ALIASES = {"vllm-compiled": "vllm+compiled", "vllm-inductor": "vllm+inductor",
@@ -208,6 +211,7 @@ def labels(pipe: Any) -> dict[str, Any]:
             "quantization": "none" if q is None or not q.enabled else
             (f"int4-g{q.group_size}" if q.method == "int4" else q.method),
             "decode_bytes_per_frame": decode_bytes_per_frame(pipe.model.talker),
+            "code2wav_dtype": dep.code2wav_dtype.label if dep.code2wav_dtype is not None else None,
             "processes": {str(k): v for k, v in pipe.processes().items()}}
 
 

@@ -13,34 +13,13 @@ Each row gets ``fidelity``: ``{c0_agreement, c0_kl_mean, cp_agreement, wave_snr_
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 FIDELITY_TEXTS = 2                      # prompts compared per numerics setting
 REFERENCE = ("float32", "none")         # (dtype, quantization) of the reference pipeline
 FIELDS = ("c0_agreement", "c0_kl_mean", "cp_agreement", "wave_snr_db")
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    from omnilab.kernels import gemv, snake
-    gemv.reset()
-    snake.reset()
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        gemv.reset()
-        snake.reset()
 
 
 def _key(row: dict) -> tuple[str, str] | None:
@@ -49,9 +28,10 @@ def _key(row: dict) -> tuple[str, str] | None:
 
 
 def _build(ckpt: Path, dtype: str, quantization: str, threads: int, extra_env: dict[str, str]):
+    from omnilab.bench.backends import Config, config_env
     from omnilab.pipeline import Pipeline
 
-    with _env({"OMNILAB_QUANTIZATION": quantization, **extra_env}):
+    with config_env(Config("fidelity", "eager", env={"OMNILAB_QUANTIZATION": quantization, **extra_env})):
         return Pipeline.from_pretrained(ckpt, backend="eager", dtype=dtype, num_threads=threads, deploy_profile=None)
 
 

@@ -18,9 +18,8 @@ Contract:
   on it, ``load_talker_from`` (the talker's dtype policy, see :data:`UPCAST_TABLES`) and ``load_code2wav_from``;
   ``weight_files(dir, stem)`` (single file or shards), ``TensorIndex`` and ``meta_init()`` (build modules
   without allocating or initialising parameters). ``read_configs(dir)`` parses the two config files once.
-- Compute dtype (``resolve_dtype``): the argument, else ``$OMNILAB_DTYPE``, else bf16 only where the CPU
-  has native bf16 (``omnilab.hardware.cpu_has_native_bf16``) and fp32 otherwise; always with a reason.
-  It applies to the talker; code2wav, the speaker encoder and the Mimi encoder stay fp32.
+- Compute dtype (``resolve_dtype``): the argument, else ``$OMNILAB_DTYPE``, else the measured rule of the talker
+  (``kernels.timing.auto_dtype``, docs/kernels.md#measured-dtype-and-linear-paths); always with a reason.
 """
 from __future__ import annotations
 
@@ -103,11 +102,8 @@ def resolve_dtype(dtype: Any = None) -> tuple[torch.dtype, str]:
             d = _parse_dtype(env, "OMNILAB_DTYPE")
             if d is not None:
                 return d, f"OMNILAB_DTYPE={env}"
-    from omnilab.hardware import cpu_has_native_bf16
-    from omnilab.kernels.timing import path_times
-    from omnilab.profiles.timing import dtype_from_times
-
-    name, why = dtype_from_times(*cpu_has_native_bf16(), path_times())  # the planner's rule (docs/kernels.md)
+    from omnilab.kernels.timing import auto_dtype
+    name, why = auto_dtype()  # the planner's rule over this machine's timing (docs/kernels.md)
     return _DTYPES[name], f"auto: {why}"
 
 
@@ -335,15 +331,11 @@ def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dt
     return talker
 
 
-def load_code2wav_from(index: TensorIndex, speech: SpeechTokenizerConfig, *, mmap: bool = True,
-                       dtype: torch.dtype | None = None) -> nn.Module:
-    """The ``Code2Wav`` decoder from ``decoder.*`` of the speech tokenizer's ``index``: fp32, or with its conv
-    decoder GEMMs in ``dtype`` (``Code2Wav.set_compute_dtype``; None = fp32, see
-    ``omnilab.kernels.code2wav_dtype``)."""
+def load_code2wav_from(index: TensorIndex, speech: SpeechTokenizerConfig, *, mmap: bool = True) -> nn.Module:
+    """The fp32 ``Code2Wav`` decoder from ``decoder.*`` of the speech tokenizer's ``index``."""
     from omnilab.models.code2wav import Code2Wav
-    model = load_strict(lambda: Code2Wav(speech.decoder), index, "decoder.", torch.float32,
-                        "speech_tokenizer/model.safetensors (decoder)", mmap=mmap)
-    return model if dtype is None else model.set_compute_dtype(dtype)
+    return load_strict(lambda: Code2Wav(speech.decoder), index, "decoder.", torch.float32,
+                       "speech_tokenizer/model.safetensors (decoder)", mmap=mmap)
 
 
 def _unclaimed(index: TensorIndex, prefixes: tuple[str, ...], file: str) -> None:

@@ -49,11 +49,10 @@ def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: Any, qua
                             quantization=quantization)
 
 
-def load_code2wav_weights(checkpoint: str | os.PathLike, speech: Any, dtype: Any = None) -> nn.Module:
-    """The ``Code2Wav`` (``speech``: the checkpoint's ``SpeechTokenizerConfig``) from
-    ``speech_tokenizer/model.safetensors``, as ``load_model`` loads it (fp32; ``dtype``: the conv decoder's compute
-    dtype, see ``load_code2wav_from``), without mmap."""
+def load_code2wav_weights(checkpoint: str | os.PathLike, speech: Any) -> nn.Module:
+    """The fp32 ``Code2Wav`` (``speech``: the checkpoint's ``SpeechTokenizerConfig``) from
+    ``speech_tokenizer/model.safetensors``, as ``load_model`` loads it, without mmap."""
     from omnilab.checkpoint.load import load_code2wav_from
 
     return load_code2wav_from(_index(Path(checkpoint) / "speech_tokenizer", "speech_tokenizer/model.safetensors"),
-                              speech, mmap=False, dtype=dtype)
+                              speech, mmap=False)

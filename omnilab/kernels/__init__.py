@@ -11,13 +11,16 @@
   (quantized at load: ``from_pretrained(quantization=)``, ``OMNILAB_QUANTIZATION``); :func:`linear` dispatches a
   ``QuantizedWeight`` to ``qlinear`` (``OMNILAB_CPU_QGEMV``).
 - :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
+- :mod:`omnilab.kernels.code2wav_dtype`: :func:`code2wav_dtype_choice`, bf16 conv-decoder GEMMs for code2wav where
+  measured faster (``OMNILAB_CODE2WAV_DTYPE``).
 - :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
 
 May import: the leaves only (``errors``, ``paths``, ``hardware``). The lowest compute layer: never
 ``models``, ``checkpoint``, ``stages``, ``profiles`` or ``display``.
 """
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
+from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
 from omnilab.kernels.gemv import MODES, GemvChoice, gemv_choice, gemv_rows, linear, use_gemv
 
-__all__ = ["GemvChoice", "KernelBuildError", "MODES", "build_library", "gemv_choice", "gemv_rows", "linear",
-           "select_isa", "use_gemv"]
+__all__ = ["GemvChoice", "KernelBuildError", "MODES", "build_library", "code2wav_dtype_choice", "gemv_choice",
+           "gemv_rows", "linear", "select_isa", "use_gemv"]

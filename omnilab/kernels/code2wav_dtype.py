@@ -1,8 +1,8 @@
-"""The compute dtype of code2wav's conv decoder: bf16 GEMMs where the CPU computes bf16 natively, fp32 otherwise.
+"""The compute dtype of code2wav's conv decoder: bf16 GEMMs where they measured faster (AMX), fp32 otherwise.
 
 Why: code2wav is compute bound (~5 GFLOP per 80 ms frame, ~90 % of it in the GEMMs of the four conv decoder
-blocks). On a CPU with AMX or avx512_bf16, oneDNN runs those GEMMs in bf16 with fp32 accumulation much faster
-than fp32 (docs/kernels.md#code2wav-bf16). Only those GEMMs change (``Code2Wav.set_compute_dtype``): the
+blocks). On a CPU with AMX, oneDNN runs those GEMMs in bf16 tiles with fp32 accumulation much faster than fp32
+(docs/kernels.md#code2wav-bf16). Only those GEMMs change (``Code2Wav.set_compute_dtype``): the
 quantizer, pre-conv, transformer and upsamplers (cheap, and the part whose rounding the decoder amplifies most),
 SnakeBeta, residual sums, the streaming state and the output stay fp32.
 
@@ -12,11 +12,12 @@ only to the rare bf16 rounding flips of differently blocked fp32 sums (docs/kern
 
 Choice (:func:`code2wav_dtype_choice`), with a reason; ``OMNILAB_CODE2WAV_DTYPE=auto|float32|bfloat16``:
 
-- ``auto`` (default): bf16 where the CPU has native bf16 (``omnilab.hardware_info.native_bf16``: AMX or
-  avx512_bf16), because it measured faster there (:data:`MEASURED`; the ISA rule with those figures, no timing
-  at run time: on a shared 2-core machine a short timing swings more than the gain), unless the pipeline computes
-  in fp32 (``compute=torch.float32``: e.g. ``dtype="float32"`` asked for fp32 numerics, so code2wav keeps them);
-  fp32 otherwise;
+- ``auto`` (default): bf16 on x86 CPUs with AMX (``amx_bf16``), where it measured faster (:data:`MEASURED`);
+  fp32 with avx512_bf16 alone, where the same GEMMs measured slower than fp32 (:data:`MEASURED_NO_AMX`), and
+  on aarch64 (not measured). The ISA rule with those figures, no timing at run time: on the shared 2-core
+  machine a short timing swung more than the gain. Not bf16 either when fp32 was asked for
+  the pipeline (``dtype="float32"`` or ``OMNILAB_DTYPE=float32``: fp32 numerics, so code2wav keeps them too; an
+  fp32 talker the deploy profile picked for speed does not count); fp32 otherwise;
 - ``float32``: fp32 everywhere (the reference numerics);
 - ``bfloat16``: bf16 GEMMs; on a CPU without native bf16 they are emulated (slow) and the reason says so.
 """
@@ -31,9 +32,12 @@ from omnilab.errors import ConfigError
 ENV = "OMNILAB_CODE2WAV_DTYPE"
 MODES = ("auto", "float32", "bfloat16")
 
-# The one copy of the measured figures the auto rule rests on (docs/kernels.md#code2wav-bf16 has the table).
-MEASURED = ("0.6B decoder, 2 threads, Intel Xeon with AMX: 25-frame blocks 15.9 vs 24.7 ms/frame (x1.55), "
-            "1-frame chunks 31.5 vs 52.2 ms/frame (x1.65), bf16 vs fp32 medians, interleaved runs")
+# The one copy of the measured figures the auto rule rests on (docs/kernels.md#code2wav-bf16 has the tables):
+# 0.6B random checkpoint's decoder, fp32 and bf16 models interleaved in one process, medians.
+MEASURED = ("Intel Xeon with AMX, 0.6B decoder, bf16 vs fp32: 1 thread 26.0 vs 47.8 ms/frame in 25-frame blocks "
+            "(x1.84), 59.3 vs 93.9 in 1-frame chunks (x1.58); 2 threads 15.9 vs 24.7 (x1.55), 31.5 vs 52.2 (x1.65)")
+MEASURED_NO_AMX = ("the same Xeon with oneDNN capped to avx512_core_bf16 (no AMX), 1 thread: bf16 91.0 vs fp32 "
+                   "49.9 ms/frame in 25-frame blocks (x0.55), 119.0 vs 100.1 in 1-frame chunks (x0.84)")
 EMULATED = "bf16 is emulated on this CPU (no avx512_bf16/AMX): expect it slower than fp32"
 
 
@@ -61,11 +65,11 @@ class Code2WavDtype:
         return f"Code2WavDtype({self.label!r}, source={self.source!r})"
 
 
-def code2wav_dtype_choice(compute=None, env: str | None = None, flags: frozenset[str] | None = None,
+def code2wav_dtype_choice(requested=None, env: str | None = None, flags: frozenset[str] | None = None,
                           arch: str | None = None) -> Code2WavDtype:
-    """The code2wav compute dtype for a pipeline whose talker computes in ``compute`` (a torch dtype; None =
-    unknown, e.g. a stand-alone decoder or ``python -m omnilab.kernels``). ``env`` replaces the value of
-    ``OMNILAB_CODE2WAV_DTYPE``; ``flags`` / ``arch`` replace this CPU's (tests fake hardware with them).
+    """The code2wav compute dtype for a pipeline asked to compute in ``requested`` (``from_pretrained``'s
+    ``dtype=``: a torch dtype or a name; None = not asked, then ``OMNILAB_DTYPE`` if set). ``env`` replaces the
+    value of ``OMNILAB_CODE2WAV_DTYPE``; ``flags`` / ``arch`` replace this CPU's (tests fake hardware with them).
     Raises ``ConfigError`` naming the variable, its value and the accepted ones for an unknown mode."""
     from omnilab.hardware_info import native_bf16
 
@@ -85,8 +89,12 @@ def code2wav_dtype_choice(compute=None, env: str | None = None, flags: frozenset
         return Code2WavDtype("bfloat16", native, why if native else f"{why}; {EMULATED}", source)
     if not native:
         return Code2WavDtype("float32", False, f"{isa}: fp32 (bf16 GEMMs would be emulated)", source)
-    if compute is not None and str(compute) in ("torch.float32", "float32"):
-        return Code2WavDtype("float32", True, f"{isa}, but the pipeline computes in float32: code2wav keeps fp32 "
-                                              f"numerics too ({ENV}=bfloat16 forces bf16)", source)
-    return Code2WavDtype("bfloat16", True, f"{isa}: conv decoder GEMMs in bf16, fp32 elsewhere, measured faster "
-                                           f"({MEASURED}); audio ~28 dB SNR from fp32", source)
+    if "amx_bf16" not in flags:
+        return Code2WavDtype("float32", True, f"{isa} but no AMX: fp32, bf16 GEMMs measured slower there "
+                                              f"({MEASURED_NO_AMX})", source)
+    asked = os.environ.get("OMNILAB_DTYPE", "") if requested is None else requested
+    if str(asked).strip().lower().removeprefix("torch.") in ("float32", "fp32"):
+        return Code2WavDtype("float32", True, f"{isa}, but float32 was asked for the pipeline ({asked!r}): code2wav "
+                                              f"keeps fp32 numerics too ({ENV}=bfloat16 forces bf16)", source)
+    return Code2WavDtype("bfloat16", True, f"{isa}: conv decoder GEMMs in bf16 (AMX), fp32 elsewhere, measured "
+                                           f"faster ({MEASURED}); audio ~28 dB SNR from fp32", source)

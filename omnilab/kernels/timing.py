@@ -157,6 +157,13 @@ def path_times(threads: int | None = None, env: str | None = None) -> PathTimes 
     return times
 
 
+def auto_dtype() -> tuple[str, str]:
+    """``(dtype name, reason)`` for ``dtype="auto"`` without a profile: the planner's rule over this timing."""
+    from omnilab.hardware import cpu_has_native_bf16
+    from omnilab.profiles.timing import dtype_from_times
+    return dtype_from_times(*cpu_has_native_bf16(), path_times())
+
+
 @dataclass(frozen=True)
 class LinearPaths:
     """Which path :func:`omnilab.kernels.linear` takes for bf16 decode rows and fp32 prefills, and why."""

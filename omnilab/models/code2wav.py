@@ -214,6 +214,7 @@ class Code2Wav(nn.Module):
                 for m in blk.modules():
                     if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
                         m.conv.to(dtype)
+                        m._taps.__init__(), m._fused.__init__()  # drop layouts derived from the old weights
         return self
 
     # ------------------------------------------------------------------ derived tensors

@@ -159,25 +159,23 @@ class CausalConvTranspose1d(StatefulModule):
     def state_shape(self):
         return (self.conv.in_channels, 1) if self.overlap else None
 
-    def taps(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(taps ``[k/s, Cout*s, Cin]``, bias ``[Cout*s]``); tap 0 applies to the oldest input."""
+    def _tap_major(self) -> tuple[torch.Tensor, torch.Tensor]:
         w, b, s = self.conv.weight, self.conv.bias, self.stride
         cin, cout, k = w.shape
+        # row o*s + j of tap h holds w[c, o, h*s + j]; the h = 1 half multiplies x[t-1]
+        t = w.detach().view(cin, cout, k // s, s).permute(2, 1, 3, 0).reshape(k // s, cout * s, cin)
+        return t.flip(0).contiguous(), b.detach().repeat_interleave(s)
 
-        def build():
-            # row o*s + j of tap h holds w[c, o, h*s + j]; the h = 1 half multiplies x[t-1]
-            t = w.detach().view(cin, cout, k // s, s).permute(2, 1, 3, 0).reshape(k // s, cout * s, cin)
-            return t.flip(0).contiguous(), b.detach().repeat_interleave(s)
-        return self._taps.get(build, w, b)
+    def taps(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(taps ``[k/s, Cout*s, Cin]``, bias ``[Cout*s]``); tap 0 applies to the oldest input."""
+        return self._taps.get(self._tap_major, self.conv.weight, self.conv.bias)
 
     def fused(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight ``[Cout*s, (k/s)*Cin]``, bias ``[Cout*s]``): the taps side by side (see conv1d_fused)."""
-        w, b = self.conv.weight, self.conv.bias
-
         def build():
-            taps, bias = self.taps()
+            taps, bias = self._tap_major()
             return taps.permute(1, 0, 2).reshape(taps.shape[1], -1).contiguous(), bias
-        return self._fused.get(build, w, b)
+        return self._fused.get(build, self.conv.weight, self.conv.bias)
 
     def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:  # [B, Cin, L] -> [B, Cout, L*s] (x's dtype)
         if self.overlap:

@@ -92,6 +92,7 @@ class ModelGeometry:
     decoder_gflop_per_frame: float = 4.96     # steady state, 96 % in the conv decoder
     decoder_window_frames: int = 72           # decoder sliding attention window = streaming left context
     conv_context_frames: int = 12             # conv receptive field recomputed per chunk
+    stored_quantization: str = "none"         # decode matrices as the checkpoint stores them (pack-quantized file)
 
     @classmethod
     def released(cls, size: str = "0b6") -> "ModelGeometry":

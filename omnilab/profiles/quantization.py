@@ -32,6 +32,9 @@ def quantization_field(geo: ModelGeometry, ov: Overrides) -> Resolved[str]:
     ``none``; a requested ``int4`` without a group gets the default group when it divides every decode matrix's
     K, else the largest accepted one that does (docs/kernels.md#quantized-decode-matrices-in-the-deploy-profile)."""
     o = ov.get("quantization")
+    if not o and geo.stored_quantization != "none":  # a pack-quantized checkpoint loads as stored
+        return Resolved(geo.stored_quantization, "the checkpoint stores its decode matrices quantized (config.json "
+                        "quantization_config, compressed-tensors pack-quantized): loaded as stored", "checkpoint")
     if not o or o[0] == "none":
         why = _set(o[1]) if o else "auto"
         return Resolved("none", f"{why}: decode matrices as stored (int8 / int4 are opt-in: they change the "

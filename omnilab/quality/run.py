@@ -42,7 +42,7 @@ __all__ = ["C0_SCORES", "compare", "describe"]
 
 C0_SCORES = ("processed", "raw")
 _GREEDY_KEYS = ("do_sample", "subtalker_do_sample")
-_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(UserRequest) if f.name not in ("text",))
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(UserRequest) if f.name not in ("text", "input_ids"))
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
 
@@ -89,7 +89,8 @@ def compare(ref_pipe: Any, test_pipe: Any, texts: str | Sequence[str], *, c0_sco
         raise InputError("texts is empty; give at least one sentence")
     for k in _GREEDY_KEYS:
         if generation.get(k, False) is not False:
-            raise InputError(f"{k}={generation[k]!r}: compare scores greedy decoding; accepted: False (or leave it out)")
+            raise InputError(f"{k}={generation[k]!r}: compare scores greedy decoding; "
+                             "accepted: False (or leave it out)")
     if "input_ids" in generation:
         raise InputError("compare takes texts, not input_ids")
     _check_pair(ref_pipe, test_pipe)
@@ -105,8 +106,8 @@ def compare(ref_pipe: Any, test_pipe: Any, texts: str | Sequence[str], *, c0_sco
         seconds["reference"] += time.perf_counter() - t0
 
         # the request and the sampling values the reference ran with (same parsing as Pipeline.generate)
-        preq, _ = build_request(ref_pipe.model, UserRequest(text=text, **{k: kw.get(k) for k in _REQUEST_FIELDS
-                                                                             if k != "input_ids"}), warn=False)
+        preq, _ = build_request(ref_pipe.model, UserRequest(text=text, **{k: kw.get(k) for k in _REQUEST_FIELDS}),
+                                warn=False)
         params = SamplingParams.from_defaults(ref_pipe.model.generation,
                                               **{k: kw.get(k) for k in _SAMPLING_FIELDS if k in kw})
         codes = torch.as_tensor(res.codes, dtype=torch.long)  # [T, 16]

@@ -1,4 +1,6 @@
-"""Teacher forcing: a pipeline's talker and code predictor replayed on another run's frames (docs/quality.md#teacher-forcing).
+"""Teacher forcing: one pipeline's talker and code predictor replayed on another run's frames.
+
+docs/quality.md#teacher-forcing defines it.
 
 Contract of :func:`teacher_force` for one request:
 
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 
 from omnilab.config import Qwen3TTSConfig
-from omnilab.errors import UnsupportedError
+from omnilab.errors import InputError, UnsupportedError
 from omnilab.models import frame
 from omnilab.models.prompt import PromptRequest, build_prompt
 from omnilab.sampling import SamplingParams, talker_scores
@@ -78,9 +80,9 @@ def teacher_force(talker, cfg: Qwen3TTSConfig, preq: PromptRequest, codes: torch
     """Replay ``codes`` ``[T, 16]`` through ``talker`` (see the module docstring for the contract)."""
     codes = torch.as_tensor(codes, dtype=torch.long)
     if codes.ndim != 2 or codes.shape[1] != 16:
-        raise ValueError(f"codes must be [T, 16], got {tuple(codes.shape)}")
+        raise InputError(f"codes must be [T, 16] (T frames of 16 codebooks), got {tuple(codes.shape)}")
     if params.do_sample or params.subtalker_do_sample:
-        raise ValueError("teacher forcing scores greedy decoding: params need do_sample=False and "
+        raise InputError("teacher forcing scores greedy decoding: params need do_sample=False and "
                          "subtalker_do_sample=False")
     n = codes.shape[0]
     eos = cfg.talker.codec_eos_token_id

@@ -306,6 +306,9 @@ def _weights(**kw):
     (_weights(actorder="group"), r"actorder='group' is not supported"),
     (lambda qc: qc["config_groups"]["group_0"].update(input_activations={"num_bits": 8, "type": "int"}),
      r"input_activations \(activation quantization\)=.* is not supported; accepted: None"),
+    (lambda qc: qc.update(kv_cache_scheme={"num_bits": 8}), r"kv_cache_scheme=.* is not supported; accepted: None"),
+    (lambda qc: qc["config_groups"].update(group_1={"targets": ["re:.*lm_head.*"], "weights": {
+        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}}), r"config_groups mix schemes"),
 ])
 def test_refused_configs_name_the_value_and_the_accepted_ones(ckpts, edit, match):
     qc = json.loads((ckpts["int4"] / "config.json").read_text())["quantization_config"]
@@ -377,6 +380,16 @@ def _shape(value):
 def test_refused_tensors_name_the_tensor(ckpts, tmp_path, edit, config, error, match):
     path = _variant(ckpts["int4"], tmp_path / "bad", config=config, tensors=edit)
     with pytest.raises(error, match=match):
+        load_model(path, dtype="float32", load_encoders=False)
+
+
+def test_packed_tensors_without_a_quantization_config_are_refused(ckpts, tmp_path):
+    path = _variant(ckpts["int8"], tmp_path / "noconfig", config=lambda qc: qc.clear())
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["quantization_config"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"holds packed tensors \(\*.weight_packed\) but config.json has no "
+                                              r"quantization_config"):
         load_model(path, dtype="float32", load_encoders=False)
 
 

@@ -6,40 +6,47 @@ import pytest
 import torch
 
 from omnilab.errors import ConfigError
-from omnilab.kernels.code2wav_dtype import EMULATED, ENV, MEASURED, code2wav_dtype_choice
+from omnilab.kernels.code2wav_dtype import EMULATED, ENV, MEASURED, MEASURED_NO_AMX, code2wav_dtype_choice
 
 AMX = frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 AVX512_BF16 = frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})
 AVX2 = frozenset({"avx2", "fma"})
 
 
-def choice(mode: str = "", flags=AMX, compute=None, arch: str = "x86_64"):
-    return code2wav_dtype_choice(compute, env=mode, flags=flags, arch=arch)
+def choice(mode: str = "", flags=AMX, requested="auto", arch: str = "x86_64"):
+    return code2wav_dtype_choice(requested, env=mode, flags=flags, arch=arch)
 
 
-@pytest.mark.parametrize("flags", [AMX, AVX512_BF16], ids=["amx", "avx512_bf16"])
-def test_auto_picks_bf16_on_native_bf16_with_the_measured_figures(flags):
-    c = choice(flags=flags)
+def test_auto_picks_bf16_with_amx_only_quoting_the_measured_figures():
+    c = choice(flags=AMX)
     assert (c.dtype, c.native, c.source, c.torch_dtype) == ("bfloat16", True, "auto", torch.bfloat16)
     assert MEASURED in c.reason and "ms/frame" in c.reason  # the figures the rule rests on are quoted
-    assert c == choice(flags=flags, compute=torch.bfloat16)  # a bf16 pipeline: the same
+    assert c == choice(flags=AMX, requested=torch.bfloat16)  # a bf16 pipeline: the same
+    c = choice(flags=AVX512_BF16)  # native bf16 without AMX measured slower than fp32
+    assert (c.dtype, c.native) == ("float32", True) and MEASURED_NO_AMX in c.reason
+    assert choice("bfloat16", flags=AVX512_BF16).dtype == "bfloat16"  # still available explicitly
 
 
-def test_auto_keeps_fp32_without_native_bf16_and_for_an_fp32_pipeline():
+def test_auto_keeps_fp32_without_native_bf16_and_for_an_fp32_pipeline(monkeypatch):
     c = choice(flags=AVX2)
     assert (c.dtype, c.native, c.torch_dtype) == ("float32", False, torch.float32)
     assert "emulated" in c.reason
-    c = choice(flags=AMX, compute=torch.float32)  # dtype="float32" asked for fp32 numerics
-    assert (c.dtype, c.native) == ("float32", True) and "float32" in c.reason and ENV in c.reason
-    assert choice(flags={"asimd", "bf16"}, arch="aarch64").dtype == "bfloat16"
-    assert choice(flags={"asimd"}, arch="aarch64").dtype == "float32"
+    for asked in (torch.float32, "fp32", "float32"):  # dtype="float32" asked for fp32 numerics
+        c = choice(flags=AMX, requested=asked)
+        assert (c.dtype, c.native) == ("float32", True) and "float32" in c.reason and ENV in c.reason
+    monkeypatch.setenv("OMNILAB_DTYPE", "float32")  # not asked by argument: the pipeline's variable counts
+    assert choice(flags=AMX, requested=None).dtype == "float32"
+    monkeypatch.setenv("OMNILAB_DTYPE", "bfloat16")
+    assert choice(flags=AMX, requested=None).dtype == "bfloat16"
+    assert choice(flags={"asimd", "bf16"}, arch="aarch64").dtype == "float32"  # not measured there
+    assert choice("bfloat16", flags={"asimd", "bf16"}, arch="aarch64").native is True
 
 
 def test_explicit_modes_win_and_emulated_bf16_says_so():
     c = choice("bfloat16", flags=AVX2)
     assert (c.dtype, c.native, c.source) == ("bfloat16", False, "env")
     assert EMULATED in c.reason and "emulated" in c.label
-    c = choice(" BFloat16 ", flags=AMX, compute=torch.float32)  # explicit beats the fp32 pipeline rule
+    c = choice(" BFloat16 ", flags=AMX, requested=torch.float32)  # explicit beats the fp32 pipeline rule
     assert (c.dtype, c.native) == ("bfloat16", True) and EMULATED not in c.reason
     c = choice("float32", flags=AMX)
     assert (c.dtype, c.source, c.label) == ("float32", "env", "float32") and ENV in c.reason
@@ -73,3 +80,17 @@ def test_choice_reaches_the_eager_pipeline(tiny_ckpt, monkeypatch, mode, dtype):
         assert audio.dtype.name == "float32" and audio.shape == (3 * 1920,)
     finally:
         pipe.close()
+
+
+def test_bad_value_fails_at_load_and_the_cli_prints_the_choice(tiny_ckpt, monkeypatch):
+    import subprocess
+    import sys
+
+    from omnilab.pipeline import Pipeline
+
+    monkeypatch.setenv(ENV, "half")
+    with pytest.raises(ConfigError, match="OMNILAB_CODE2WAV_DTYPE='half'"):
+        Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32", deploy_profile=None)
+    monkeypatch.setenv(ENV, "float32")
+    out = subprocess.run([sys.executable, "-m", "omnilab.kernels"], capture_output=True, text=True, check=True).stdout
+    assert "code2wav dtype: float32 (env)" in out and f"{ENV}=float32" in out

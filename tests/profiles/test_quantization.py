@@ -89,3 +89,17 @@ def test_the_pipeline_loads_what_the_profile_says(tiny_ckpt, backend, monkeypatc
         assert pipe.profile is None and pipe.deployment.quantization.choice.method == "int8"
     with pytest.raises(ConfigError, match="quant_group_size"):
         Pipeline.from_pretrained(tiny_ckpt(), backend=backend, quantization="int8", quant_group_size=64)
+
+
+def test_a_pack_quantized_checkpoint_is_what_the_profile_says(tiny_ckpt, tmp_path, monkeypatch):
+    from tests.conftest import clear_override_env
+    from omnilab.checkpoint.write_quantized import quantize_checkpoint
+    from omnilab.pipeline import Pipeline
+
+    clear_override_env(monkeypatch)
+    dst = quantize_checkpoint(tiny_ckpt(), tmp_path / "int4", "int4", 32, progress=False)
+    with Pipeline.from_pretrained(dst, backend="eager") as pipe:
+        field = pipe.profile.quantization
+        assert (field.value, field.source) == ("int4-g32", "checkpoint") and "pack-quantized" in field.reason
+        loaded = pipe.deployment.quantization.choice
+        assert (loaded.method, loaded.group_size, loaded.source) == ("int4", 32, "checkpoint")

@@ -15,7 +15,7 @@ import torch
 from omnilab.errors import ConfigError, InputError
 from omnilab.quality import QualityReport, compare
 
-from conftest import GEN, TEXTS
+from _quality_common import GEN, TEXTS, load_pipe, eos_pipe  # noqa: F401  (fixtures)
 
 FRAMES = GEN["max_new_tokens"] - 1  # a length-limited greedy run yields max_new_tokens - 1 frames
 
@@ -63,8 +63,10 @@ def test_quantized_against_fp32_gives_sound_values(tiny_pipe, load_pipe, method)
         assert all(0.0 <= v <= 1.0 for v in rep.rows[col]), col
     assert all(0.0 <= v < math.inf for v in rep.rows["c0_kl_mean"])
     assert all(len(cb) == 15 and all(0.0 <= x <= 1.0 for x in cb) for cb in rep.rows["cp_agreement_by_codebook"])
-    # quantization touches only the talker's decode matrices; code2wav is the same fp32 module on both sides
-    assert all(math.isinf(v) for v in rep.rows["wave_snr_db"])
+    # quantization touches only the talker's decode matrices: code2wav has the same fp32 weights on both sides, but
+    # the deploy profile may give it another thread count (fp32 sums in another order: ~1e-6 relative error, 109 dB
+    # measured on "mid"), so a bound, not inf
+    assert all(v > 60.0 for v in rep.rows["wave_snr_db"])
     s = rep.summary()
     assert s["c0_agreement"] == pytest.approx(float(np.mean(rep.rows["c0_agreement"])), abs=1e-12)
 
@@ -120,7 +122,6 @@ def test_empty_texts_and_mismatched_models_are_refused(tiny_pipe, load_pipe):
 
 
 @pytest.mark.vllm
-@pytest.mark.slow
 def test_a_vllm_reference_is_teacher_forced_through_its_client_modules(tiny_ckpt, tiny_pipe):
     """In-process vLLM runs the client's own Talker object, so forcing it equals forcing the eager load; its greedy
     codes equal eager's (tests/stages/test_vllm_talker.py), so the replay agreement is 1.0 as well."""

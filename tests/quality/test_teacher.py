@@ -1,7 +1,8 @@
 """Teacher forcing (omnilab/quality/teacher.py): replaying an eager greedy run on its own model returns its own
 codes exactly (same ops, shapes and threads as the eager engine, in one process: equal by construction), the
 stop step sees EOS where the run stopped, the processed scores are ``talker_scores`` of the raw logits, and a
-talker that lives in a worker process is refused with a clear error. (Base ICL replay: tests/quality/test_compare.py.)"""
+talker that lives in a worker process is refused with a clear error.
+(Base ICL replay: tests/quality/test_compare.py.)"""
 from __future__ import annotations
 
 import types
@@ -9,12 +10,12 @@ import types
 import pytest
 import torch
 
-from omnilab.errors import UnsupportedError
+from omnilab.errors import InputError, UnsupportedError
 from omnilab.quality.teacher import forcing_talker, teacher_force
 from omnilab.requests import UserRequest, build_request
 from omnilab.sampling import SamplingParams, talker_scores
 
-from conftest import GEN, TEXTS
+from _quality_common import GEN, TEXTS, eos_pipe, load_pipe  # noqa: F401  (fixtures)
 
 GREEDY = dict(do_sample=False, subtalker_do_sample=False)
 
@@ -50,7 +51,8 @@ def test_processed_scores_are_talker_scores_of_the_raw_logits(tiny_pipe):
     eos = tiny_pipe.model.config.talker.codec_eos_token_id
     codes = torch.as_tensor(res.codes)
     for t in range(len(codes)):  # same fp32 ops on the same logits: exact
-        assert torch.equal(done.c0_scores[t:t + 1], talker_scores(raw.c0_scores[t:t + 1], [codes[:t, 0]], [params], eos))
+        want = talker_scores(raw.c0_scores[t:t + 1], [codes[:t, 0]], [params], eos)
+        assert torch.equal(done.c0_scores[t:t + 1], want)
     assert torch.isinf(done.c0_scores[:, 2048:]).sum() > 0 and torch.isfinite(raw.c0_scores).all()
 
 
@@ -64,8 +66,8 @@ def test_bad_codes_and_sampling_are_refused(tiny_pipe):
     m = tiny_pipe.model
     preq = build_request(m, UserRequest(text=TEXTS[0], speaker="vivian"))[0]
     greedy = SamplingParams.from_defaults(m.generation, **GREEDY)
-    with pytest.raises(ValueError, match=r"\[T, 16\]"):
+    with pytest.raises(InputError, match=r"\[T, 16\]"):
         teacher_force(m.talker, m.config, preq, torch.zeros(3, 15, dtype=torch.long), greedy)
-    with pytest.raises(ValueError, match="do_sample=False"):
+    with pytest.raises(InputError, match="do_sample=False"):
         teacher_force(m.talker, m.config, preq, torch.zeros(3, 16, dtype=torch.long),
                       SamplingParams.from_defaults(m.generation))

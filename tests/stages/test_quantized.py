@@ -131,7 +131,7 @@ def test_bad_values_name_the_accepted_ones(tiny_ckpt, monkeypatch):
     from omnilab.pipeline import Pipeline
 
     monkeypatch.delenv("OMNILAB_QUANTIZATION", raising=False)
-    with pytest.raises(ConfigError, match=r"'int3'.*accepted: None, 'none', 'int8', 'int4'"):
+    with pytest.raises(ConfigError, match=r"'int3'.*accepted: 'none', 'int8', 'int4', 'int4-g32'"):
         Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", quantization="int3")
     with pytest.raises(ConfigError, match=r"quant_group_size=48; accepted: 32, 64, 128"):
         quantization_choice("int4", 48, env="", ks=[64, 128])

@@ -127,7 +127,7 @@ class Code2WavWorker:
         self.cpus, self.threads, self.poll_s = cpus, threads, poll_s
         if dtype is None:
             from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
-            dtype = code2wav_dtype_choice("float32")
+            dtype = code2wav_dtype_choice("float32")  # a stand-alone worker: fp32 unless the variable says
         name = getattr(dtype, "dtype", dtype)  # a Code2WavDtype, or its name
         if name not in ("float32", "bfloat16"):
             raise InputError(f"code2wav worker dtype {dtype!r} is not supported; accepted: a Code2WavDtype, "

@@ -42,7 +42,7 @@ def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: i
     torch.set_flush_denormal(True)
     path = Path(checkpoint)
     speech = SpeechTokenizerConfig.load(path / "speech_tokenizer" / "config.json")
-    model = load_code2wav_weights(path, speech, dtype=getattr(torch, dtype)).prepare()
+    model = load_code2wav_weights(path, speech).set_compute_dtype(getattr(torch, dtype)).prepare()
     release_memory()
     _MODEL[:] = [model]
     states: dict[Any, Any] = {}

@@ -1,4 +1,5 @@
-"""Fixtures for the fidelity tests: greedy keywords, fresh pipelines, and one that stops on EOS early."""
+"""Constants and fixtures shared by the fidelity tests, imported by name by each test module (not a ``conftest``:
+a second ``conftest`` module would shadow the top-level one, whose helpers other tests import as ``conftest``)."""
 from __future__ import annotations
 
 import pytest
