@@ -234,6 +234,8 @@ class Qwen3TTSConfig:
     tts_eos_token_id: int = TTS_EOS_ID
     transformers_version: str | None = None  # decides the official text pre-tokenizer (omnilab.tokenizer)
     model_type: str = "qwen3_tts"
+    # a pack-quantized checkpoint's entry, as read (checked by omnilab.checkpoint.quantized.parse_scheme)
+    quantization_config: Any = field(default=None, compare=False, repr=False)
 
     @property
     def has_mtp_projection(self) -> bool:
@@ -350,3 +352,19 @@ def int4_groups_fitting(ks: Any) -> tuple[int, ...]:
     """The int4 group sizes that divide every decode matrix's input width K (a group never spans two rows)."""
     ks = sorted({int(k) for k in ks})
     return tuple(s for s in INT4_GROUP_SIZES if all(k % s == 0 for k in ks))
+
+
+def stored_quantization(quantization_config: Any) -> str:
+    """The spelling of what a ``config.json`` ``quantization_config`` stores (``none`` without one): ``int8`` for
+    8-bit weights, ``int4-g<group>`` for 4-bit ones. Only reads the scheme; ``checkpoint.quantized.parse_scheme``
+    checks it (an unsupported entry is refused at load, whatever is read here)."""
+    if not isinstance(quantization_config, Mapping):
+        return "none"
+    groups = [g.get("weights") or {} for g in (quantization_config.get("config_groups") or {}).values()
+              if isinstance(g, Mapping)]
+    w = groups[0] if groups else {}
+    if w.get("num_bits") == 8:
+        return "int8"
+    if w.get("num_bits") == 4 and w.get("group_size") in INT4_GROUP_SIZES:
+        return f"int4-g{w['group_size']}"
+    return "none"

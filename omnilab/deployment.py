@@ -120,10 +120,12 @@ class QuantizationRow:
                 f"{self.after_bytes / mib:.1f} MiB, kernel {self.kernel}: {q.reason}")
 
 
-def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights: Any, compute: Any) -> QuantizationRow:
+def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights: Any, compute: Any,
+                     config: Any = None) -> QuantizationRow:
     """:func:`omnilab.kernels.quant.quantization_choice` of ``method`` / ``group_size`` for the talker's decode matrices
     of ``checkpoint_dir`` (file header: names, shapes, dtypes) and its row (``.choice``: the ``Quantization``).
-    ``weights``: the ``WeightStorage`` (bf16 kept or not), ``compute``: the compute torch dtype."""
+    ``weights``: the ``WeightStorage`` (bf16 kept or not), ``compute``: the compute torch dtype; ``config``: the
+    parsed ``config.json`` (its ``quantization_config``, not read again)."""
     import torch
 
     from omnilab.checkpoint.quantized import quantization_for
@@ -131,7 +133,7 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
     from omnilab.kernels.storage import talker_streamed_name
 
     # a pack-quantized checkpoint: its own quantization, its packed matrices seen at their [N, K] (docs/quantization.md)
-    choice, index = quantization_for(Path(checkpoint_dir), method, group_size)
+    choice, index = quantization_for(Path(checkpoint_dir), method, group_size, config)
     names = [k for k in index.where if k.startswith("talker.") and talker_streamed_name(k.removeprefix("talker."))]
     before = after = 0
     for full in names:
@@ -214,23 +216,8 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
         kwargs["path_times"] = path_times()
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency
-    geometry = with_stored_quantization(as_geometry(model_config if model_config is not None else checkpoint_dir),
-                                        checkpoint_dir)
+    geometry = as_geometry(model_config if model_config is not None else checkpoint_dir)
     return resolve_profile(spec, model_config=geometry, **kwargs)
-
-
-def with_stored_quantization(geometry: Any, checkpoint_dir: Path) -> Any:
-    """``geometry`` with the quantization a pack-quantized checkpoint stores (``checkpoint.quantized.read_scheme``),
-    so the profile's ``quantization`` field says what loads (source ``checkpoint``)."""
-    import dataclasses
-
-    from omnilab.checkpoint.quantized import read_scheme
-    from omnilab.config import quantization_spelling
-
-    scheme = read_scheme(checkpoint_dir)
-    if scheme is None:
-        return geometry
-    return dataclasses.replace(geometry, stored_quantization=quantization_spelling(scheme.method, scheme.group_size))
 
 
 def _chunk_schedule(profile):

@@ -163,7 +163,8 @@ class Pipeline:
         from omnilab.kernels.timing import linear_paths
         # resolved here: a bad kernel/dtype/quantization variable fails before any worker starts; kernels built once
         weights = weight_storage_choice(compute := resolve_dtype(dep.dtype)[0])
-        quant_row = quantization_row(path, *dep.quantization_request(quantization, quant_group_size), weights, compute)
+        quant_row = quantization_row(path, *dep.quantization_request(quantization, quant_group_size), weights, compute,
+                                     configs[0])
         quant = quant_row.choice
         dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(), weights=weights,
                                   snake=snake_choice(), quantization=quant_row, code2wav_dtype=c2w_dtype(dtype),

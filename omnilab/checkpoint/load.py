@@ -318,7 +318,7 @@ def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dt
 
     from omnilab.kernels.timing import linear_paths
     linear_paths()  # bf16 decode rows / prefill GEMMs as measured here, resolved before any step (docs/kernels.md)
-    storage, (index, quantization) = weight_storage_choice(dtype), talker_view(index, quantization)
+    storage, (index, quantization) = weight_storage_choice(dtype), talker_view(index, quantization, config)
     tables = UPCAST_TABLES if dtype == torch.float32 else frozenset()
     talker = load_strict(lambda: Talker(config), index, "talker.", dtype, "model.safetensors (talker)", mmap=mmap,
                          streamed=streamed_selector(), quantize=quantization,

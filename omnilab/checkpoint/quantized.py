@@ -166,8 +166,11 @@ def parse_scheme(cfg: Mapping[str, Any]) -> PackedScheme:
     return PackedScheme(method, group, tuple(ignore), tuple(targets))
 
 
-def read_scheme(checkpoint_dir: str | Path) -> PackedScheme | None:
-    """The :class:`PackedScheme` of ``checkpoint_dir/config.json``, None when it has no quantization_config."""
+def read_scheme(checkpoint_dir: str | Path, config: Any = None) -> PackedScheme | None:
+    """The :class:`PackedScheme` of ``checkpoint_dir/config.json``, None when it has no quantization_config;
+    ``config``: that file already parsed (a ``Qwen3TTSConfig``: its ``quantization_config``, no second read)."""
+    if config is not None:
+        return None if config.quantization_config is None else parse_scheme(config.quantization_config)
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():
         return None
@@ -298,11 +301,12 @@ def _check_request(ckpt: Quantization, method: str, group: int | None, source: s
                           f"are never re-quantized or expanded)")
 
 
-def talker_view(index: TensorIndex, quantization: Quantization | None = None) -> tuple[Any, Quantization | None]:
+def talker_view(index: TensorIndex, quantization: Quantization | None = None,
+                config: Any = None) -> tuple[Any, Quantization | None]:
     """``(index, quantization)`` for :func:`~omnilab.checkpoint.load.load_talker_from` (see the module docstring);
-    ``index``'s ``config.json`` (next to its files) says whether the checkpoint is packed."""
+    ``index``'s ``config.json`` (next to its files; ``config``: it parsed) says whether the checkpoint is packed."""
     files = sorted({v[0] for v in index.where.values()})
-    scheme = read_scheme(Path(files[0]).parent) if files else None
+    scheme = read_scheme(Path(files[0]).parent, config) if files else None
     if scheme is None:
         if any(k.endswith(".weight_packed") for k in index.where):
             raise CheckpointError(f"{files[0]} holds packed tensors (*.weight_packed) but config.json has no "
@@ -317,14 +321,14 @@ def talker_view(index: TensorIndex, quantization: Quantization | None = None) ->
     return view, (quantization.only(view.packed.__contains__) if quantization.enabled else ckpt)
 
 
-def quantization_for(checkpoint_dir: str | Path, method: Any = None, group_size: Any = None
-                     ) -> tuple[Quantization, Any]:
+def quantization_for(checkpoint_dir: str | Path, method: Any = None, group_size: Any = None,
+                     config: Any = None) -> tuple[Quantization, Any]:
     """``(Quantization, index)`` for ``from_pretrained(quantization=method, quant_group_size=group_size)``:
     :func:`~omnilab.kernels.quant.quantization_choice` on a plain checkpoint; a packed one's own quantization,
     after checking that what was asked (``OMNILAB_QUANTIZATION`` included) is nothing or the same."""
     index = TensorIndex(weight_files(Path(checkpoint_dir), "model"))
     requested = quantization_choice(method, group_size, ks=_ks(index))  # bad values fail first, either way
-    view, choice = talker_view(index)
+    view, choice = talker_view(index, config=config)
     if view is index:
         return requested, index
     if requested.source != "default":

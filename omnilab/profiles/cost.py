@@ -109,6 +109,8 @@ class ModelGeometry:
             scale = (decoder.decoder_dim / 1536) ** 2
             extra = dict(decoder_gflop_per_frame=4.96 * scale, decoder_window_frames=decoder.sliding_window,
                          decoder_params=int(114_323_137 * scale))
+        from omnilab.config import stored_quantization
+        extra["stored_quantization"] = stored_quantization(cfg.quantization_config)
         return cls(name or f"{cfg.tts_model_type} {cfg.tts_model_size}", t.num_hidden_layers, t.hidden_size,
                    t.intermediate_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size,
                    t.text_vocab_size, t.text_hidden_size, t.max_position_embeddings, p.num_hidden_layers,

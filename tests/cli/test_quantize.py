@@ -36,7 +36,9 @@ def test_quantize_writes_the_copy_and_refuses_to_overwrite(tiny_ckpt, tmp_path, 
     rc, out, _ = _run(capsys, "plan", "--model", str(dst), "--root", str(FIXTURE), "--json")
     assert rc == 0
     rc, ref, _ = _run(capsys, "plan", "--model", str(src), "--root", str(FIXTURE), "--json")
-    assert json.loads(out)["talker_threads"] == json.loads(ref)["talker_threads"]
+    planned, plain = json.loads(out)["quantization"], json.loads(ref)["quantization"]
+    assert (planned["value"], planned["source"]) == ("int8", "checkpoint")  # the plan says what the file stores
+    assert plain["value"] == "none"
 
 
 def test_quantize_bad_values_exit_2_naming_the_accepted_ones(tiny_ckpt, tmp_path, capsys):
