@@ -1,4 +1,5 @@
-"""``omnilab`` command line: ``synth`` (the main job), ``make-checkpoint``, ``probe``, ``plan``, ``bench``.
+"""``omnilab`` command line: ``synth`` (the main job), ``make-checkpoint``, ``quantize``, ``probe``, ``plan``,
+``bench``.
 
 ``omnilab synth "text" --out out/`` synthesizes one sentence (default: the embedded tiny checkpoint),
 writes ``<out>/<name>.wav`` and ``<out>/<name>_latency.csv`` (one row per timing span) and prints a

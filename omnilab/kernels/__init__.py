@@ -15,8 +15,12 @@
   measured faster (``OMNILAB_CODE2WAV_DTYPE``).
 - :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
 
-May import: the leaves only (``errors``, ``paths``, ``hardware``). The lowest compute layer: never
-``models``, ``checkpoint``, ``stages``, ``profiles`` or ``display``.
+- :mod:`omnilab.kernels.timing`: a cached timing of the linear paths on this machine, and the choice of bf16 decode
+  rows and prefill GEMMs made from it (``OMNILAB_PLAN_TIMING``, ``OMNILAB_BF16_DECODE``, ``OMNILAB_PREFILL_GEMM``).
+
+May import: the leaves only (``errors``, ``paths``, ``config``, ``hardware``, ``hardware_info``), and
+``profiles.timing`` (the plain rules over measured times, shared with the planner). The lowest compute layer:
+never ``models``, ``checkpoint``, ``stages``, the rest of ``profiles``, or ``display``.
 """
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice

@@ -21,6 +21,12 @@ fp32 CPU inputs with 4..8 rows outside autograd and outside torch.compile tracin
 bf16-stored weights (:mod:`omnilab.kernels.storage`) with 1..16 rows: there the kernel expands the bf16
 exactly in registers and reads half the bytes (1 row over the predictor's matrices: 5.9 vs 10.1 ms per
 pass for MKL on fp32 copies). A row's result is bitwise the fp32 kernel's on the exact fp32 copy.
+
+Two paths follow the timing of this machine (:mod:`omnilab.kernels.timing`, installed by ``install_paths`` when a
+talker loads; the ISA rule before): bf16 compute's 1-16-row linears over bf16 weights take the kernel on the rows
+widened exactly to fp32 and round the result once (``bf16_decode="kernel"``), and fp32 prefills over bf16-stored
+matrices take a bf16 GEMM (``prefill="bf16"``) instead of widening the matrix
+(docs/kernels.md#measured-dtype-and-linear-paths).
 """
 from __future__ import annotations
 
