@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from omnilab.config import DEFAULT_INT4_GROUP_SIZE as DEFAULT_GROUP_SIZE  # the names and sizes every layer shares
-from omnilab.config import INT4_GROUP_SIZES, parse_quantization
+from omnilab.config import INT4_GROUP_SIZES, int4_groups_fitting, parse_quantization
 from omnilab.config import QUANT_METHODS as METHODS
 
 ROWS = 16            # output rows per interleaved block (AVX-512 lanes)
@@ -343,8 +343,7 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
         if group_size is not None and (isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES):
             raise ConfigError(f"quant_group_size={group_size!r}; accepted: {', '.join(map(str, INT4_GROUP_SIZES))}"
                               f" (or None = {DEFAULT_GROUP_SIZE})")
-        ks = sorted(set(int(k) for k in ks))
-        fits = [s for s in INT4_GROUP_SIZES if all(k % s == 0 for k in ks)]
+        ks, fits = sorted(set(int(k) for k in ks)), int4_groups_fitting(ks)
         if group_size is not None and group_size not in fits:
             raise ConfigError(f"quant_group_size={group_size} does not divide the input width of every decode matrix "
                               f"(K = {ks}); accepted here: {', '.join(map(str, fits)) or 'none'}")
