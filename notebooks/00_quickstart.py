@@ -3,9 +3,9 @@
 #   jupytext:
 #     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (omnilab)
 #     language: python
-#     name: python3
+#     name: omnilab
 # ---
 
 # %% [markdown]
@@ -61,9 +61,12 @@ D.plot_audio(res);
 
 # %% [markdown]
 # ## Streaming, live
-# `pipe.stream(...)` yields `AudioChunk`s as soon as each chunk of frames is decoded (first chunk: 1 frame,
-# then 25). `D.live_stream` plays them in a widget that fills per chunk, next to a plot of delivered
-# audio against the playback line; it returns the joined result.
+# `pipe.stream(...)` yields `AudioChunk`s as soon as each chunk of frames is decoded (the deploy profile's
+# chunking: a 1-frame first chunk, then larger ones). `D.live_stream` plays them as they arrive: press play at
+# any time, each chunk is appended to what is playing (the marker shows the position; it waits at the end of
+# what has arrived), next to a plot of delivered audio against the playback line. When the stream ends, a static
+# player of the final audio appears under the panel (it still plays when the saved notebook is reopened).
+# It returns the joined result; its `summary()` is a table.
 
 # %%
 live = D.live_stream(pipe, "Glue the sheet to the dark blue background.", speaker=SPEAKER, language="english",

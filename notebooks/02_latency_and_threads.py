@@ -3,9 +3,9 @@
 #   jupytext:
 #     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (omnilab)
 #     language: python
-#     name: python3
+#     name: omnilab
 # ---
 
 # %% [markdown]
@@ -31,8 +31,11 @@ CHECKPOINT = None if TINY else os.environ.get("OMNILAB_CHECKPOINT")
 THREADS = int(os.environ.get("OMNILAB_THREADS", "0")) or None
 MAX_NEW_TOKENS = 40 if TINY or CHECKPOINT is None else 300
 
+# max_concurrency=2: the talker batches up to two requests per step (the auto profile sizes max_num_seqs from
+# the cores and on two cores plans one; the batched timeline at the end needs two)
 timing, threads = TimingHook(), ThreadUsageHook(interval_s=0.02)
-pipe = omnilab.Pipeline.from_pretrained(CHECKPOINT, dtype="float32", num_threads=THREADS, hooks=[timing, threads])
+pipe = omnilab.Pipeline.from_pretrained(CHECKPOINT, dtype="float32", num_threads=THREADS, max_concurrency=2,
+                                        hooks=[timing, threads])
 SPEAKER = pipe.model.config.speakers[0] if pipe.model.config.speakers else None
 pipe.processes()  # pid -> role of every process doing this pipeline's work
 
@@ -49,7 +52,7 @@ res = omnilab.SynthesisResult.from_chunks(chunks)
 res.trace
 
 # %%
-res.trace.metrics().T
+res.trace.metrics().T.round(2)
 
 # %%
 D.plot_timeline(res.trace);
@@ -86,18 +89,23 @@ print(f"{ov['samples']} samples, {ov['ms_per_sample']:.2f} ms CPU each = "
 
 # %% [markdown]
 # ## Two requests batched, then the tables
-# `generate([...])` batches requests in the talker; each result has its own trace, the `TimingHook`
-# holds all spans.
+# `generate([...])` batches requests in the talker, up to the profile's `max_num_seqs` (2 here, from
+# `max_concurrency=2`): both requests decode in the same talker steps, so their lanes overlap in time. Each
+# result has its own trace, the `TimingHook` holds all spans.
 
 # %%
 batch = pipe.generate(["Rice is often served in round bowls.", "The juice of lemons makes fine punch."],
                       speaker=SPEAKER, language="english", max_new_tokens=MAX_NEW_TOKENS // 2, seed=2)
 both = batch[0].trace.merge(batch[1].trace)
+steps = [[s for s in r.trace.spans if s.name == "step" and s.request_id == r.request_id] for r in batch]
+first, last = [min(s.start_s for s in st) for st in steps], [max(s.end_s for s in st) for st in steps]
+print("max_num_seqs", pipe.profile.values()["max_num_seqs"], "| the talker steps of the two requests overlap:",
+      first[1] < last[0] and first[0] < last[1])
 D.plot_timeline(both);
 
 # %%
 spans = timing.trace().to_pandas()
-spans.groupby(["stage", "name"])["duration_ms"].describe()[["count", "mean", "50%", "max"]]
+spans.groupby(["stage", "name"])["duration_ms"].describe()[["count", "mean", "50%", "max"]].round(2)
 
 # %% [markdown]
 # ## Export

@@ -3,9 +3,9 @@
 #   jupytext:
 #     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (omnilab)
 #     language: python
-#     name: python3
+#     name: omnilab
 # ---
 
 # %% [markdown]
@@ -55,13 +55,26 @@ print(profile.to_yaml())
 # the vLLM backend's talker threads, CPU binding, KV cache and `max_num_seqs`, the dtype and the chunking.
 # Where the profile splits the CPUs between the stages they run in worker processes, otherwise the engine
 # runs in this process (`deploy="workers"` forces workers). `pipe.deployment` says what was decided and
-# why; `pipe.check_profile()` reads back each stage's CPU affinity and threads and compares them with the plan.
+# why. In this process the stages take turns on the same threads, so the plan is fitted to that placement
+# first (an automatic code2wav thread count becomes the talker's, with the reason): `pipe.profile` is what was
+# applied. `pipe.check_profile()` checks each stage where it really runs (a worker: its CPU affinity, threads
+# and OpenMP threads read back from `/proc`; this process: the torch threads its calls run with) against
+# `pipe.profile`, and raises `WorkerError` naming every difference; the table puts the three side by side.
 
 # %%
+import pandas as pd
+
 v = profile.values()
 pipe = omnilab.Pipeline.from_pretrained(CHECKPOINT, deploy_profile=profile)
-print(pipe.deployment.rows())
-pipe.check_profile()
+print("placement:", pipe.deployment.placement, "|", pipe.deployment.reason)
+readback = pipe.check_profile()  # raises WorkerError on any difference from pipe.profile
+roles = {role: pid for pid, role in pipe.processes().items()}
+pd.DataFrame({stage: {"planned threads": profile.threads(stage), "planned CPUs": profile.cpus(stage),
+                      "applied threads": pipe.profile.threads(stage), "applied CPUs": pipe.profile.cpus(stage),
+                      "runs in": f"worker pid {roles[stage]}" if stage in roles else "this process",
+                      "read back": getattr(readback[stage], "num_threads", readback[stage]),
+                      "read-back CPUs": getattr(readback[stage], "cpus", "not pinned (this process)")}
+              for stage in ("talker", "code2wav")}).T
 
 # %%
 SPEAKER = pipe.model.config.speakers[0] if pipe.model.config.speakers else None

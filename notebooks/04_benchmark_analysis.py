@@ -3,9 +3,9 @@
 #   jupytext:
 #     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (omnilab)
 #     language: python
-#     name: python3
+#     name: omnilab
 # ---
 
 # %% [markdown]
@@ -66,14 +66,15 @@ pd.DataFrame({name: {"checkpoint": r.meta["checkpoint"].rsplit("/", 1)[-1], "dty
               for name, r in runs.items()})
 
 # %% [markdown]
-# ## Latency and throughput against concurrency, per backend (one row of plots per run)
+# ## Latency and throughput against concurrency, per backend (one row of plots per run; a backend keeps its colour)
 
 # %%
 summary = pd.concat([r.summary.assign(run=name) for name, r in runs.items()], ignore_index=True)
+colors = D.backend_colors(summary["backend"])  # one colour per backend in every row below
 fig, axes = plt.subplots(len(runs), 3, figsize=(13, 3.2 * len(runs)), layout="constrained", squeeze=False)
 for row, (name, g) in zip(axes, summary.groupby("run")):
     for ax, y in zip(row, ("ttfa_ms_p50", "frames_per_s", "rtf_mean")):
-        D.plot_bench(g, y, ax=ax)
+        D.plot_bench(g, y, ax=ax, colors=colors)
         ax.set_title(f"{name}: {y}", fontsize="small")
 
 # %% [markdown]
@@ -99,10 +100,13 @@ summary[[c for c in cols if c in summary]].round(2)
 
 # %%
 requests = pd.concat([r.requests.assign(run=name) for name, r in runs.items()], ignore_index=True)
-ax = None
+fig, ax = plt.subplots(figsize=(9, 4), layout="constrained")
+markers = dict(zip(runs, "osD^v<>px*"))  # colour: backend (as above), marker: run
 for (run, backend), g in requests.groupby(["run", "backend"]):
-    ax = g.plot.scatter(x="ttfa_ms", y="rtf", label=f"{run}: {backend}", ax=ax, color=f"C{len(ax.collections) if ax else 0}")
-ax.set(xlabel="TTFA ms", ylabel="RTF (wall/audio)", xscale="log");
+    ax.scatter(g["ttfa_ms"], g["rtf"], label=f"{run}: {backend}", color=colors[str(backend)],
+               marker=markers.get(run, "o"), s=18)
+ax.set(xlabel="TTFA ms", ylabel="RTF (wall/audio)", xscale="log")
+ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="x-small", frameon=False);
 
 # %%
 print(json.dumps(runs[list(runs)[-1]].meta["machine"], indent=1))

@@ -3,9 +3,9 @@
 #   jupytext:
 #     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (omnilab)
 #     language: python
-#     name: python3
+#     name: omnilab
 # ---
 
 # %% [markdown]

@@ -5,10 +5,16 @@ Public API (imported lazily so ``import omnilab`` stays light — no torch, vllm
 - ``Pipeline.from_pretrained(path_or_hub_id, device="cpu", backend=...)`` and ``SynthesisResult``
 - ``make_random_checkpoint`` / ``default_checkpoint``: random-weight checkpoints in the released layout
 - ``probe_hardware``, ``plan``, ``DeployProfile``: hardware probe and deploy profiles
+- ``set_verbosity("error" | "warning" | "info" | "debug")``: how much omnilab and vLLM/torch/Triton print
+  (``OMNILAB_LOG_LEVEL``; default ``warning``: omnilab's warnings, third-party errors only; ``omnilab.logs``)
 """
 from __future__ import annotations
 
 import importlib
+
+from omnilab.logs import quiet_vllm_import as _quiet_vllm_import
+
+_quiet_vllm_import()  # vLLM's import-time warnings stay out of cells and worker output (omnilab.logs)
 
 __version__ = "0.1.0"
 
@@ -21,6 +27,7 @@ _LAZY = {
     "probe_hardware": "omnilab.hardware",
     "plan": "omnilab.profiles",
     "DeployProfile": "omnilab.profiles",
+    "set_verbosity": "omnilab.logs",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

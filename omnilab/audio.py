@@ -2,7 +2,9 @@
 
 Contract:
 - ``load_wav(path) -> (wav [samples] float32, sample_rate)`` reads any file soundfile can read and mixes
-  multi-channel audio down to mono by averaging the channels (as the official package does).
+  multi-channel audio down to mono by averaging the channels (as the official package does). Arrays may be
+  ``[samples]``, ``[samples, channels]`` or ``[channels, samples]`` (the channel axis is the shorter one, at most 8
+  long; ``to_mono``); other layouts raise ``InputError``.
 - ``resample(wav, orig_sr, target_sr)`` resamples exactly as the official package does for references not at
   24 kHz: ``librosa.resample(y=wav.astype(np.float32), orig_sr=int(sr), target_sr=24000)`` with librosa's
   defaults (``res_type="soxr_hq"``, ``fix=True``, ``scale=False``). That is ``soxr.resample(x, orig_sr,
@@ -46,14 +48,23 @@ SPK_FMAX_HZ = 12000.0
 
 # ----------------------------------------------------------------------------------------------- files
 
+MAX_CHANNELS = 8  # 7.1 audio; a longer axis is the time axis
+
+
 def to_mono(wav: np.ndarray) -> np.ndarray:
-    """``[samples]`` stays; ``[samples, channels]`` (soundfile layout) is averaged over channels."""
+    """``[samples]`` stays; ``[samples, channels]`` (soundfile's layout) and ``[channels, samples]`` (torchaudio's)
+    are averaged over the channel axis: the shorter one, with at most :data:`MAX_CHANNELS` entries. Anything else
+    (3-D, two long axes, a square array) raises ``InputError`` naming the accepted layouts."""
     wav = np.asarray(wav)
+    if wav.dtype.kind not in "fiub":
+        raise InputError(f"audio must be a numeric array; got dtype {wav.dtype}")
     if wav.ndim == 1:
         return wav.astype(np.float32, copy=False)
-    if wav.ndim == 2:
-        return wav.mean(axis=-1).astype(np.float32)
-    raise InputError(f"audio must be [samples] or [samples, channels]; got shape {tuple(wav.shape)}")
+    if wav.ndim == 2 and wav.shape[0] != wav.shape[1] and min(wav.shape) <= MAX_CHANNELS:
+        axis = 0 if wav.shape[0] < wav.shape[1] else 1
+        return wav.astype(np.float32).mean(axis=axis)
+    raise InputError(f"audio must be [samples], [samples, channels] or [channels, samples] with at most "
+                     f"{MAX_CHANNELS} channels (the shorter axis); got shape {tuple(wav.shape)}")
 
 
 def load_wav(path: str | Path) -> tuple[np.ndarray, int]:
@@ -107,8 +118,10 @@ def resample(wav: np.ndarray | torch.Tensor, orig_sr: int, target_sr: int) -> np
     x = np.ascontiguousarray(x, dtype=np.float32)  # the official call passes ``astype(np.float32)`` (a copy)
     if x.ndim != 1:
         raise InputError(f"resample expects mono [samples]; got shape {tuple(x.shape)} (mix down with to_mono)")
-    if not np.isfinite(x).all():
-        raise InputError("audio has non-finite samples (NaN or inf)")
+    finite = np.isfinite(x)
+    if not finite.all():
+        raise InputError(f"audio has {int(x.size - finite.sum())} non-finite samples (NaN or inf) of {x.size}; "
+                         "accepted: finite samples")
     if orig_sr == target_sr:
         return x
     n_out = int(np.ceil(x.shape[0] * (float(target_sr) / orig_sr)))  # librosa's length rule, float ratio

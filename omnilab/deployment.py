@@ -92,6 +92,18 @@ class Deployment:
         out += [(f"not applied: {name}", why) for name, why in self.not_applied]
         return out
 
+    def trace_meta(self) -> dict[str, Any]:
+        """Run facts every trace and its CSV/Parquet/Perfetto exports carry (``Trace.meta``): placement, profile,
+        quantization and the threads of each stage (None: the stage keeps its process's torch threads)."""
+        q, v = self.quantization, self.vllm_deploy
+        talker = v.talker.talker_threads if v is not None and v.talker.multiprocess else self.num_threads
+        c2w = v.code2wav_threads if v is not None and v.code2wav_process else self.num_threads
+        if v is None and self.profile is not None:  # eager: Code2WavStage takes the profile's code2wav threads
+            c2w = self.profile.threads("code2wav")
+        return {"placement": self.placement, "profile": self.profile.name if self.profile is not None else None,
+                "quantization": q.choice.label if q is not None else "none",
+                "talker_threads": talker, "code2wav_threads": c2w}
+
     def __repr__(self) -> str:
         name = self.profile.name if self.profile is not None else None
         return f"Deployment(backend={self.backend!r}, placement={self.placement!r}, profile={name!r})"
@@ -359,3 +371,35 @@ def check_stages(profile, processes: dict[int, str], info: dict[str, Any],
         raise WorkerError("; ".join(diffs))
     out["not_applied"] = dict(not_applied)
     return out
+
+
+class PipelineRepr:
+    """``Pipeline``'s text repr and notebook table (checkpoint, variant, backend, deploy, dtype, threads), kept out
+    of ``pipeline.py``; reads ``self.model``, ``self.backend`` and ``self.deployment``."""
+
+    def _describe(self) -> list[tuple[str, str]]:
+        from omnilab.models.tiny import TALKER_GEOMETRIES
+
+        c, dep = self.model.config, self.deployment
+        t = c.talker  # the size by geometry: a tiny random checkpoint says "0b6" in its config.json
+        size = next((name for name, g in TALKER_GEOMETRIES.items()
+                     if (g["hidden"], g["layers"]) == (t.hidden_size, t.num_hidden_layers)), c.tts_model_size)
+        p = dep.profile if dep is not None else None
+        if p is not None:
+            threads = f"talker {p.threads('talker')}, code2wav {p.threads('code2wav')}"
+        else:
+            threads = str(dep.num_threads) if dep is not None and dep.num_threads else "torch default"
+        return [("checkpoint", str(self.model.path)), ("variant", f"{size} {c.tts_model_type}"),
+                ("backend", self.backend), ("deploy", dep.placement if dep is not None else "custom"),
+                ("dtype", str(self.model.dtype).replace("torch.", "")), ("threads", threads)]
+
+    def __repr__(self) -> str:
+        d = dict(self._describe())
+        where = f", {d['deploy']}" if self.deployment is not None else ""
+        return (f"Pipeline({d['variant']}, backend={self.backend!r}{where}, dtype={d['dtype']}, "
+                f"path={d['checkpoint']!r})")
+
+    def _repr_html_(self) -> str:
+        from omnilab.html_tables import key_value_table
+
+        return "<div><b>Pipeline</b>" + key_value_table(dict(self._describe())) + "</div>"

@@ -10,6 +10,8 @@ Contract:
   generated (closing the iterator aborts the request and frees its talker and decoder state).
 - ``pipe.talker`` is the step-wise talker (``start`` / ``step`` / ``abort``); ``pipe.code2wav`` decodes
   codes offline (``decode``) or chunk by chunk (``open_session``).
+- Safe from any thread: every stage call runs on the pipeline's one owner thread, in arrival order, and talker
+  outputs are queued per request, so streams interleave (``omnilab.stages.owner``; docs/reliability.md).
 - Instrumentation: every request is recorded as spans (``omnilab.instrument.recorder.Recorder``) that flow to the
   ``hooks=`` given to ``from_pretrained`` (``TimingHook``, ``ThreadUsageHook``, any callable); each
   ``SynthesisResult`` (and the last streamed ``AudioChunk``) carries the request's ``Trace``. The
@@ -19,14 +21,17 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import time
+import weakref
 from typing import Any, Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from omnilab.deployment import PipelineRepr
 from omnilab.errors import InputError, UnsupportedError
 from omnilab.instrument.hooks import as_hooks
 from omnilab.instrument.recorder import Recorder, clock
@@ -34,6 +39,8 @@ from omnilab.models.code2wav_stream import ChunkSchedule
 from omnilab.requests import UserRequest, build_request
 from omnilab.results import AudioChunk, SynthesisResult
 from omnilab.sampling import SamplingParams
+from omnilab.stages.owner import FrameRouter, OwnedIterator, OwnerThread
+from omnilab.stages.talker_control import OwnedRequests, TalkerControl  # noqa: F401  (TalkerControl: public here)
 
 BACKENDS = ("eager", "vllm")
 _SAMPLING_KEYS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
@@ -50,46 +57,18 @@ def flush_denormals() -> None:
     torch.set_flush_denormal(True)
 
 
-class TalkerControl:
-    """Step-wise access to the talker stage: ``start`` requests, then ``step`` one frame at a time."""
-
-    def __init__(self, pipe: "Pipeline"):
-        self._pipe = pipe
-
-    def start(self, text: str | None = None, *, request_id: Hashable | None = None, **kwargs) -> Hashable:
-        """Validate and queue one request; it is prefilled by the next :meth:`step`. Returns its id.
-        Takes the same keyword arguments as ``Pipeline.generate`` (one utterance)."""
-        return self._pipe._start(text, kwargs, request_id, auto_end=True)[0]
-
-    def step(self, return_hidden: bool = False) -> dict[Hashable, Any]:
-        """Advance every live request by one frame -> ``{request_id: FrameOutput}`` (codes ``[16]``,
-        ``hidden [H]`` when ``return_hidden``, per-phase timings in ms, finish flags)."""
-        return {o.request_id: o for o in self._pipe._step(return_hidden)}
-
-    def abort(self, request_id: Hashable) -> None:
-        self._pipe._talker.abort(request_id)
-        self._pipe._requests.pop(request_id, None)
-        self._pipe.recorder.end(request_id, "abort")
-
-    @property
-    def num_live(self) -> int:
-        return self._pipe._talker.num_live
-
-    def has_unfinished(self) -> bool:
-        return self._pipe._talker.has_unfinished()
-
-    def __repr__(self) -> str:
-        return f"TalkerControl(backend={self._pipe.backend!r}, live={self.num_live})"
-
-
-class Pipeline:
-    """Qwen3-TTS 12 Hz on CPU. Build with :meth:`from_pretrained`."""
+class Pipeline(OwnedRequests, PipelineRepr):
+    """Qwen3-TTS 12 Hz on CPU. Build with :meth:`from_pretrained`. Its repr and notebook table: ``PipelineRepr``."""
 
     def __init__(self, model, talker_stage, code2wav_stage, *, backend: str,
                  chunk_schedule: ChunkSchedule | None = None, hooks: Any = None, deployment: Any = None):
         self.model = model
         self.deployment = deployment
         self.backend = backend
+        self._owner = OwnerThread()  # every stage call runs on this one thread (docs/reliability.md)
+        weakref.finalize(self, self._owner.stop, 0.0)
+        self._router = FrameRouter()  # talker outputs of generate()/stream() requests, per request
+        self._stepwise: dict[Hashable, int] = {}  # live pipe.talker.start() request -> the thread driving it
         self._talker = talker_stage
         self.code2wav = code2wav_stage
         self.talker = TalkerControl(self)
@@ -100,7 +79,8 @@ class Pipeline:
         self.hooks = as_hooks(hooks)
         self.recorder = Recorder(self.hooks, meta={
             "backend": backend, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
-            "torch_threads": torch.get_num_threads(), "processes": self.processes()})
+            "torch_threads": torch.get_num_threads(), "processes": self.processes(),
+            "checkpoint": str(getattr(model, "path", "")), **(deployment.trace_meta() if deployment else {})})
         self.hooks.attach(self)
 
     # ---- construction -----------------------------------------------------------------------------
@@ -198,7 +178,7 @@ class Pipeline:
         if self.profile is None:
             raise InputError("this Pipeline has no deploy profile (built with deploy_profile=None)")
         return check_stages(self.profile, self.processes(), {
-            "talker": self._talker.summary, "code2wav": self.code2wav.info},
+            "talker": lambda: self._owner.run(self._talker.summary), "code2wav": self.code2wav.info},
             self.deployment.not_applied)
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -236,6 +216,9 @@ class Pipeline:
 
     def processes(self) -> dict[int, str]:
         """``{pid: role}`` of every process doing this pipeline's work (this one and stage workers)."""
+        return self._owner.run(self._processes)
+
+    def _processes(self) -> dict[int, str]:
         me = os.getpid()
         out = {me: "client"}
         for name, stage in (("talker", self._talker), ("code2wav", self.code2wav)):
@@ -245,11 +228,6 @@ class Pipeline:
             else:
                 out[me] += f"+{name}"
         return out
-
-    def _check_idle(self) -> None:
-        if self._talker.has_unfinished():
-            raise InputError("step-wise talker requests are still live; finish them with pipe.talker.step() "
-                             "or pipe.talker.abort(request_id) before generate()/stream()")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -268,7 +246,6 @@ class Pipeline:
         the same length or a single value for all.
         """
         self._check_open()
-        self._check_idle()
         batch = isinstance(text, (list, tuple))
         if batch and not text:
             raise InputError("text is an empty list; give at least one sentence")
@@ -284,32 +261,40 @@ class Pipeline:
                     v = v[i]
                 kw[k] = v
             per_req.append(kw)
+        results = self._owner.run(self._generate, texts, per_req, return_hidden)  # calls from any thread: in turn
+        return results if batch else results[0]
+
+    def _generate(self, texts: list, per_req: list[dict[str, Any]], return_hidden: bool) -> list[SynthesisResult]:
         rids = []
         try:
             with self.hooks.running():
                 for t, kw in zip(texts, per_req):
-                    rids.append(self._start(t, kw)[0])
-                results = self._run_to_end(rids, return_hidden)
+                    rids.append(self._start_routed(t, kw)[0])
+                return self._run_to_end(rids, return_hidden)
         except BaseException:
             for rid in rids:
                 self._talker.abort(rid)
                 self._requests.pop(rid, None)
                 self.recorder.end(rid, "error")
             raise
-        return results if batch else results[0]
+        finally:
+            for rid in rids:
+                self._router.drop(rid)
 
     def _run_to_end(self, rids: list[Hashable], return_hidden: bool) -> list[SynthesisResult]:
         frames = {rid: [] for rid in rids}
         hidden = {rid: [] for rid in rids}
         reason: dict[Hashable, str] = {}
-        while self._talker.has_unfinished():
-            for o in self._step(return_hidden):
-                if o.codes is not None:
-                    frames[o.request_id].append(o.codes)
-                    if o.hidden is not None:
-                        hidden[o.request_id].append(o.hidden.float())
-                if o.finished:
-                    reason[o.request_id] = o.finish_reason
+        while left := [r for r in rids if r not in reason]:
+            for rid, outs in self._router.pull(left, lambda: self._pump(return_hidden),
+                                               self._talker.has_unfinished).items():
+                for o in outs:
+                    if o.codes is not None:
+                        frames[rid].append(o.codes)
+                        if o.hidden is not None:
+                            hidden[rid].append(o.hidden.float())
+                    if o.finished:
+                        reason[rid] = o.finish_reason or ""
         out = []
         for rid in rids:
             info = self._requests.pop(rid)
@@ -340,81 +325,79 @@ class Pipeline:
         frees its talker KV cache and decoder state. Same keyword arguments as :meth:`generate`.
         """
         self._check_open()
-        self._check_idle()
         if isinstance(text, (list, tuple)):
             raise InputError("stream() takes one text; use generate() for a list")
-        sched = chunk_schedule or self.chunk_schedule
-        rid, preq = self._start(text, kwargs)
-        return self._stream(rid, preq, sched)
+        st = dict(sched=chunk_schedule or self.chunk_schedule, pending=[], chunk_idx=0, frame_start=0,
+                  finished=False, reason="", t=None)
+        st["rid"], st["preq"] = self._owner.run(self._start_routed, text, kwargs)
+        st["info"] = self._requests[st["rid"]]
+        return OwnedIterator(self._owner, functools.partial(self._stream_next, st),
+                             functools.partial(self._stream_end, st))
 
-    def _stream(self, rid, preq, sched: ChunkSchedule) -> Iterator[AudioChunk]:
-        info = self._requests[rid]
-        session = None
-        finished = False
-        reason = ""
-        rec = self.recorder
-        self.hooks.start()
-        try:
-            session = self.code2wav.open_session(rid, prefix_codes=preq.ref_codes)
-            pending: list[torch.Tensor] = []
-            chunk_idx = frame_start = 0
-            while not finished:
-                for o in self._step():
-                    if o.request_id != rid:
-                        continue
-                    if o.codes is not None:
-                        pending.append(o.codes)
-                    finished = o.finished
-                    reason = o.finish_reason or ""
-                if pending and (finished or len(pending) >= sched.chunk_frames(chunk_idx)):
-                    t = clock()
-                    codes = torch.stack(pending).numpy()
-                    rec.span("hop", rid, t, frame_index=frame_start, num_frames=len(codes))
-                    t = clock()
-                    audio = session.push(codes)
-                    rec.span("code2wav_chunk", rid, t, frame_index=frame_start, num_frames=len(codes))
-                    self._take_spans(session)
-                    t_ready = time.perf_counter() - info["t0"]
-                    pending = []
-                    chunk = AudioChunk(str(rid), audio, frame_start, frame_start + len(codes), codes, t_ready,
-                                       is_last=finished)
-                    frame_start += len(codes)
-                    chunk_idx += 1
-                    rec.deliver(rid, chunk.frame_start, chunk.frame_end, len(audio))
-                    if finished:  # the request ends with its last delivery; the chunk carries its trace
-                        chunk.trace = rec.end(rid, reason)
-                        yield chunk
-                    else:
-                        t = clock()
-                        yield chunk
-                        rec.span("consumer", rid, t)
-        finally:
-            if not finished:
-                self._talker.abort(rid)
-            if session is not None:
-                session.close()
-            self._requests.pop(rid, None)
-            rec.end(rid, reason if finished else "abort")
-            self.hooks.stop()
+    def _stream_next(self, st: dict) -> tuple[AudioChunk | None, bool]:
+        """On the owner thread: step the talker until this stream's next chunk is due, decode it ->
+        ``(chunk, is_last)``; ``(None, True)`` when the request ended without one (aborted, EOS)."""
+        rid, sched, rec = st["rid"], st["sched"], self.recorder
+        if "session" not in st:
+            st["session"] = None
+            self.hooks.start()
+            st["session"] = self.code2wav.open_session(rid, prefix_codes=st["preq"].ref_codes)
+        elif st["t"] is not None:
+            rec.span("consumer", rid, st["t"])
+        while not (st["pending"] and (st["finished"] or len(st["pending"]) >= sched.chunk_frames(st["chunk_idx"]))):
+            if st["finished"]:  # ended with no frame left to deliver: EOS after the last chunk, or aborted
+                self._stream_end(st)
+                return None, True
+            for o in self._router.pull([rid], self._pump, self._talker.has_unfinished)[rid]:
+                if o.codes is not None and o.finish_reason != "abort":
+                    st["pending"].append(o.codes)
+                st["finished"], st["reason"] = st["finished"] or o.finished, o.finish_reason or ""
+            if st["reason"] == "abort":
+                st["pending"] = []
+        frame_start, finished = st["frame_start"], st["finished"]
+        t = clock()
+        codes = torch.stack(st["pending"]).numpy()
+        rec.span("hop", rid, t, frame_index=frame_start, num_frames=len(codes))
+        t = clock()
+        audio = st["session"].push(codes)
+        rec.span("code2wav_chunk", rid, t, frame_index=frame_start, num_frames=len(codes))
+        self._take_spans(st["session"])
+        t_ready = time.perf_counter() - st["info"]["t0"]
+        chunk = AudioChunk(str(rid), audio, frame_start, frame_start + len(codes), codes, t_ready, is_last=finished)
+        st.update(pending=[], frame_start=frame_start + len(codes), chunk_idx=st["chunk_idx"] + 1)
+        rec.deliver(rid, chunk.frame_start, chunk.frame_end, len(audio))
+        if finished:  # the request ends with its last delivery; the chunk carries its trace
+            chunk.trace = rec.end(rid, st["reason"])
+            self._stream_end(st)
+        st["t"] = clock()
+        return chunk, finished
 
     # ---- lifetime ---------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Abort every live request and free all stage state. Idempotent."""
+        """Abort every live request, free all stage state and end the owner thread. Idempotent. A generate()
+        running in another thread raises ``InputError`` at its next step, a live stream() at its next iteration."""
         if self._closed:
             return
         self._closed = True
-        self._talker.close()
-        self.code2wav.close()
-        self._requests.clear()
+        try:
+            self._owner.run_if_open(self._close_stages)
+        finally:
+            self._owner.stop()
+
+    def restart(self) -> None:
+        """New worker processes in place of this pipeline's (same deployment: CPUs, threads, environment) and a new
+        vLLM engine, e.g. after a ``WorkerError`` (a dead or frozen worker); live requests are dropped, the eager
+        talker and an in-process code2wav are kept (docs/reliability.md#worker-lifecycle)."""
+        self._check_open()
+        self._owner.run(self._restart_stages)
+
+    def _restart_stages(self) -> None:
+        from omnilab.stages.lifecycle import restart_stages
+        self._close_stages()  # ends routed requests; closing again below is idempotent
+        self._talker, self.code2wav = restart_stages(self._talker, getattr(self.code2wav, "_obj", self.code2wav))
 
     def __enter__(self) -> "Pipeline":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        c = self.model.config
-        where = f", {self.deployment.placement}" if self.deployment is not None else ""
-        return (f"Pipeline({c.tts_model_size} {c.tts_model_type}, backend={self.backend!r}{where}, "
-                f"dtype={str(self.model.dtype).replace('torch.', '')}, path={str(self.model.path)!r})")

@@ -1,9 +1,11 @@
 """Turn user-level synthesis arguments (strings, audio) into a validated ``PromptRequest``.
 
 Contract: everything a user can get wrong is checked here or in ``omnilab.models.prompt.resolve``
-and raises ``InputError`` naming the field and the accepted values. Reference audio is loaded,
-mixed to mono and resampled to 24 kHz (``omnilab.audio``); Base models turn it into an x-vector
-(speaker encoder) and, for ICL cloning, into reference codes (Mimi encoder).
+and raises ``InputError`` naming the field and the accepted values. VoiceDesign needs a non-blank
+``instruct`` (vllm-omni requires one too); ``x_vector_only_mode`` is a bool or None (no truthy strings).
+Reference audio is loaded, checked finite, mixed to mono (``[samples]``, ``[samples, channels]`` or
+``[channels, samples]``, ``omnilab.audio.to_mono``) and resampled to 24 kHz; Base models turn it into an
+x-vector (speaker encoder) and, for ICL cloning, into reference codes (Mimi encoder).
 """
 from __future__ import annotations
 
@@ -41,11 +43,14 @@ def _audio_arg(ref_audio: Any) -> np.ndarray:
     """``path`` or ``(array, sample_rate)`` -> mono float32 at 24 kHz."""
     from omnilab.audio import load_audio
 
-    if isinstance(ref_audio, (str, Path)):
-        return load_audio(ref_audio)
-    if isinstance(ref_audio, tuple) and len(ref_audio) == 2:
-        wav, sr = ref_audio
-        return load_audio(wav, sr=sr)
+    try:
+        if isinstance(ref_audio, (str, Path)):
+            return load_audio(ref_audio)
+        if isinstance(ref_audio, tuple) and len(ref_audio) == 2:
+            wav, sr = ref_audio
+            return load_audio(wav, sr=sr)
+    except InputError as e:
+        raise InputError(f"ref_audio: {e}") from None
     if isinstance(ref_audio, (np.ndarray, torch.Tensor)):
         raise InputError("ref_audio: an array needs its sample rate; pass ref_audio=(wav, sample_rate) or a file path")
     raise InputError(f"ref_audio must be a file path or a (wav, sample_rate) tuple; got {type(ref_audio).__name__}")
@@ -78,6 +83,10 @@ def build_request(model: "LoadedModel", req: UserRequest, warn: bool = True) -> 
             raise InputError(f"instruct must be a string; got {type(req.instruct).__name__}")
         if req.instruct.strip():
             instruct_ids = model.tokenizer.instruct_ids(req.instruct.strip())
+    if req.x_vector_only_mode is not None and not isinstance(req.x_vector_only_mode, (bool, np.bool_)):
+        raise InputError(f"x_vector_only_mode must be True, False or None (automatic: True without ref_text); got "
+                         f"{req.x_vector_only_mode!r} ({type(req.x_vector_only_mode).__name__}): strings are "
+                         f"not read as booleans")
 
     x_vector = ref_codes = ref_text_ids = None
     if cfg.tts_model_type == "base":
@@ -87,7 +96,10 @@ def build_request(model: "LoadedModel", req: UserRequest, warn: bool = True) -> 
         if len(wav) < 2400:
             raise InputError(f"ref_audio is {len(wav) / 24000:.3f} s long; at least 0.1 s of speech is needed")
         x_vector = model.speaker_encoder.embed_audio(wav).to(model.dtype)
-        xvec_only = req.x_vector_only_mode
+        if not bool(torch.isfinite(x_vector).all()):  # e.g. samples near float32's limit: never sent to an engine
+            raise InputError(f"ref_audio gives a non-finite speaker embedding (largest |sample| "
+                             f"{float(np.abs(wav).max()):.3g}); accepted: audio scaled to about [-1, 1]")
+        xvec_only = None if req.x_vector_only_mode is None else bool(req.x_vector_only_mode)
         if xvec_only is None:
             xvec_only = req.ref_text is None
         if not xvec_only:
@@ -107,4 +119,8 @@ def build_request(model: "LoadedModel", req: UserRequest, warn: bool = True) -> 
         text_ids=text_ids, speaker=req.speaker, language=req.language or "auto", instruct_ids=instruct_ids,
         x_vector=x_vector, ref_codes=ref_codes, ref_text_ids=ref_text_ids,
         non_streaming_mode=req.non_streaming_mode)
-    return resolve(cfg, prompt_req, warn=warn), text
+    resolved = resolve(cfg, prompt_req, warn=warn)
+    if cfg.tts_model_type == "voice_design" and resolved.instruct_ids is None:  # vllm-omni refuses it too
+        raise InputError(f"instruct is required for the voice_design model (a description of the voice, e.g. "
+                         f"instruct='A calm, low male voice.'); got {req.instruct!r}")
+    return resolved, text

@@ -83,10 +83,14 @@ class SynthesisResult:
         return self.duration_s / self.wall_s if self.wall_s else float("inf")
 
     def timings_frame(self):
-        """One row per span of the trace (``Trace.to_pandas``); empty when the result has no trace."""
+        """One row per span of the trace (``Trace.to_pandas``); empty when the result has no trace. The run's
+        metadata (``Trace.meta``) is in ``.attrs["omnilab"]``: ``omnilab.instrument.tables.write_table(df, path,
+        df.attrs["omnilab"])`` writes it into a CSV or Parquet file."""
         import pandas as pd
 
-        return self.trace.to_pandas() if self.trace is not None else pd.DataFrame()
+        df = self.trace.to_pandas() if self.trace is not None else pd.DataFrame()
+        df.attrs["omnilab"] = dict(self.trace.meta) if self.trace is not None else {}
+        return df
 
     def stage_ms_per_frame(self) -> dict[str, float]:
         """Total milliseconds per generated frame for each ``stage.name`` span kind (instants and the
@@ -115,12 +119,15 @@ class SynthesisResult:
         return Audio(self.audio, rate=self.sample_rate, normalize=normalize)
 
     def summary(self) -> dict[str, Any]:
+        """The result's figures: a dict that shows as a table in a notebook (``omnilab.html_tables.Summary``)."""
+        from omnilab.html_tables import Summary
+
         extra: dict[str, Any] = {}
         if self.trace is not None and self.trace.request_ids:
             m = self.trace.request_metrics(self.request_id or None)
             extra = {k: round(m[k], 1) for k in ("playback_start_ms", "stall_ms", "talker_ms_per_frame",
                                                  "code2wav_ms_per_frame")}
-        return {
+        return Summary({
             "request_id": self.request_id,
             "frames": self.num_frames,
             "audio_s": round(self.duration_s, 3),
@@ -130,7 +137,7 @@ class SynthesisResult:
             "ttfa_ms": None if self.ttfa_ms is None else round(self.ttfa_ms, 1),
             "finish_reason": self.finish_reason,
             **extra,
-        }
+        })
 
     def __repr__(self) -> str:
         return (f"SynthesisResult(frames={self.num_frames}, audio={self.duration_s:.2f}s, "

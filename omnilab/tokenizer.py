@@ -303,7 +303,8 @@ def qwen_bpe_files(cache_root: Path) -> tuple[Path, Path] | None:
     m = _bytes_to_unicode()
     enc = lambda b: "".join(m[x] for x in b)  # noqa: E731
     vocab = {enc(t): r for t, r in sorted(ranks.items(), key=lambda kv: kv[1])}
-    out.mkdir(parents=True, exist_ok=True)
+    from omnilab.paths import private_dir
+    private_dir(out)  # under the cache: 0700, an unusable OMNILAB_CACHE is a ConfigError naming it
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         _write_bpe(Path(tmp), vocab, [(enc(a), enc(b)) for a, b in merges])
         tk = _build(Path(tmp) / "vocab.json", Path(tmp) / "merges.txt", [])

@@ -20,8 +20,9 @@ log=.venv/setup.log
 : >"$log"
 # Extras (pyproject.toml): engine = torch, vLLM and what synthesis needs (the core alone is the torch-free
 # probe/plan/profiles/traces); notebook = plots, widgets, notebook runner; dev = the test suite's needs.
-echo "[setup] installing omnilab[engine,notebook,dev] and its dependencies (log: $log)"
-if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[engine,notebook,dev]" >>"$log" 2>&1; then
+# cluster = Ray for `omnilab batch` (the batch tests start a two-node Ray cluster on this machine).
+echo "[setup] installing omnilab[engine,notebook,dev,cluster] and its dependencies (log: $log)"
+if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[engine,notebook,dev,cluster]" >>"$log" 2>&1; then
   grep -v "^WARNING: Location" "$log" | tail -n 30
   echo "[setup] pip install failed (full log: $log)" >&2
   exit 1
@@ -39,3 +40,16 @@ print(f"[setup] ok: python {sys.version.split()[0]}, torch {torch.__version__}, 
 PY
 # Build omnilab's C++ kernels now (decode linears, code2wav's SnakeBeta; cached under $OMNILAB_CACHE/kernels; ~1 s each with g++).
 .venv/bin/python -m omnilab.kernels | sed 's/^/[setup] /'
+# Jupyter: the py:percent notebooks open as notebooks on a double click in `.venv/bin/jupyter lab` (jupytext's Lab
+# extension as the default viewer of Python files), widget state is saved with the notebook (a reopened notebook
+# shows its widgets, not "model not found"), and an `omnilab` kernel (this venv's Python) is registered for this
+# venv's Jupyter and, in the user's kernel directory, for a Jupyter installed elsewhere.
+mkdir -p .venv/etc/jupyter/labconfig
+cat >.venv/etc/jupyter/labconfig/default_setting_overrides.json <<'JSON'
+{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}},
+ "@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}
+JSON
+.venv/bin/python -m ipykernel install --sys-prefix --name omnilab --display-name "Python (omnilab)" >>"$log" 2>&1
+.venv/bin/python -m ipykernel install --user --name omnilab --display-name "Python (omnilab)" >>"$log" 2>&1 \
+  || echo "[setup] could not register the omnilab kernel for this user (see $log); .venv/bin/jupyter lab has it"
+echo "[setup] notebooks: .venv/bin/jupyter lab notebooks/ (kernel: omnilab)"

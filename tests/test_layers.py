@@ -17,9 +17,9 @@ PKG = Path(__file__).resolve().parents[1] / "omnilab"
 # lower layers must never import these (the random-checkpoint factory, the stages, the facade, display)
 LOW = ("omnilab.kernels", "omnilab.models", "omnilab.profiles")
 HIGH = ("omnilab.checkpoint.random", "omnilab.stages", "omnilab.pipeline", "omnilab.display", "omnilab.deployment",
-        "omnilab.bench", "omnilab.cli", "omnilab.quality")
+        "omnilab.bench", "omnilab.cli", "omnilab.quality", "omnilab.batch")
 # the edges (layer 7): nothing below them may import omnilab.quality (bench/ and cli/ may)
-EDGES = ("omnilab.display", "omnilab.bench", "omnilab.cli", "omnilab.quality")
+EDGES = ("omnilab.display", "omnilab.bench", "omnilab.cli", "omnilab.quality", "omnilab.batch")
 # leaves: modules every layer may import, which import no other omnilab layer themselves
 LEAVES = ("omnilab.errors", "omnilab.paths", "omnilab.config")
 

@@ -170,23 +170,29 @@ def build(cfg: Config, ckpt: Path, s: Any):
     from omnilab.pipeline import Pipeline
 
     max_conc, dtype = max(s.concurrency), cfg.dtype_arg(s.dtype)
+    profile = getattr(s, "deploy_profile", None)  # --deploy-profile: threads, CPUs and sizes as that profile plans
     if cfg.base == "eager":
-        return Pipeline.from_pretrained(ckpt, backend="eager", dtype=dtype, num_threads=s.threads, deploy_profile=None)
+        return Pipeline.from_pretrained(ckpt, backend="eager", dtype=dtype, deploy_profile=profile,
+                                        num_threads=None if profile else s.threads,
+                                        max_concurrency=max_conc if profile else None)
     from omnilab.stages.vllm.config import VllmStageConfig
     from omnilab.stages.vllm.deploy import VllmDeploy
 
     common = dict(max_model_len=s.max_model_len, block_size=128, enforce_eager=not cfg.compile_talker,
                   compile_predictor=cfg.compile_predictor, max_num_seqs=max_conc)
-    if cfg.workers:
-        if s.talker_cpus is None and s.code2wav_cpus is None:  # what users get: the auto profile
-            from omnilab.deployment import prepare
+    explicit = s.talker_cpus is not None or s.code2wav_cpus is not None
+    if (cfg.workers and not explicit) or (profile and not cfg.workers):  # what users get: the (auto) profile
+        from omnilab.deployment import prepare
 
-            d = prepare(Path(ckpt), backend="vllm", deploy="workers", dtype=dtype, num_threads=s.threads,
-                        max_concurrency=max_conc).vllm_deploy
-            # the profile's KV budget stays (the workers' environment is derived from it and must agree)
-            talker = dataclasses.replace(d.talker, max_model_len=s.max_model_len, enforce_eager=not cfg.compile_talker,
-                                         compile_predictor=cfg.compile_predictor)
-            return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=dtype, deploy=dataclasses.replace(d, talker=talker))
+        d = prepare(Path(ckpt), backend="vllm", deploy="workers" if cfg.workers else "inprocess", dtype=dtype,
+                    deploy_profile=profile or "auto", num_threads=None if profile else s.threads,
+                    max_concurrency=max_conc).vllm_deploy
+        # the profile's KV budget stays (the workers' environment is derived from it and must agree)
+        talker = dataclasses.replace(d.talker, max_model_len=s.max_model_len, enforce_eager=not cfg.compile_talker,
+                                     compile_predictor=cfg.compile_predictor)
+        return Pipeline.from_pretrained(ckpt, backend="vllm", dtype=dtype, deploy_profile=profile or "auto",
+                                        deploy=dataclasses.replace(d, talker=talker))
+    if cfg.workers:
         cpus = sorted(os.sched_getaffinity(0))
         talker_cpus = tuple(cpus[:s.threads]) if s.talker_cpus is None else tuple(s.talker_cpus)
         c2w_cpus = (cpus[-1],) if s.code2wav_cpus is None else tuple(s.code2wav_cpus)
@@ -212,13 +218,45 @@ def labels(pipe: Any) -> dict[str, Any]:
             (f"int4-g{q.group_size}" if q.method == "int4" else q.method),
             "decode_bytes_per_frame": decode_bytes_per_frame(pipe.model.talker),
             "code2wav_dtype": dep.code2wav_dtype.label if dep.code2wav_dtype is not None else None,
+            "deploy_profile": pipe.profile.name if pipe.profile is not None else None,
+            "variant": pipe.model.config.tts_model_type,
             "processes": {str(k): v for k, v in pipe.processes().items()}}
 
 
+DEFAULT_INSTRUCT = "A calm, clear voice at a moderate pace."  # VoiceDesign requests without --instruct
+
+
+def reference_clip(seconds: float = 1.5, sample_rate: int = 24000) -> tuple[Any, int]:
+    """The Base checkpoints' reference clip when no ``--ref-audio`` is given: ``(float32 wav, sample_rate)``, a
+    180 Hz + 360 Hz tone with a little seeded noise (the same clip every run, so every row clones the same voice)."""
+    import numpy as np
+
+    t = np.arange(int(sample_rate * seconds)) / sample_rate
+    noise = np.random.default_rng(0).standard_normal(t.shape)
+    wav = 0.3 * np.sin(2 * np.pi * 180 * t) + 0.1 * np.sin(2 * np.pi * 360 * t) + 0.02 * noise
+    return wav.astype(np.float32), sample_rate
+
+
+def voice_kwargs(config: Any, s: Any) -> dict[str, Any]:
+    """How bench requests choose the voice, per variant: CustomVoice a built-in speaker (``vivian`` or the first),
+    VoiceDesign ``s.instruct``, Base ``s.ref_audio`` (default: :func:`reference_clip`) and ``s.ref_text``."""
+    kind = config.tts_model_type
+    if kind == "voice_design":
+        return {"instruct": getattr(s, "instruct", None) or DEFAULT_INSTRUCT}
+    if kind == "base":
+        ref = getattr(s, "ref_audio", None)
+        kw: dict[str, Any] = {"ref_audio": ref or reference_clip()}
+        if getattr(s, "ref_text", None):
+            kw["ref_text"] = s.ref_text
+        return kw
+    spk = config.speakers or [None]
+    return {"speaker": "vivian" if "vivian" in spk else spk[0]}
+
+
 def request_kwargs(pipe: Any, s: Any, index: int) -> dict[str, Any]:
-    """Keyword arguments of bench request ``index``: greedy unless ``--sample`` (then seeded per request)."""
-    spk = pipe.model.config.speakers or [None]
-    kw = {"speaker": "vivian" if "vivian" in spk else spk[0], "language": "english", "max_new_tokens": s.frames + 1}
+    """Keyword arguments of bench request ``index`` (the voice from :func:`voice_kwargs`): greedy unless ``--sample``
+    (then seeded per request)."""
+    kw = {**voice_kwargs(pipe.model.config, s), "language": "english", "max_new_tokens": s.frames + 1}
     if s.sample:
         kw["seed"] = s.seed + index
     else:

@@ -51,7 +51,8 @@ def add_fidelity(cfg: Any, ckpt: Path, prompts: list[str], rows: list[dict], met
     ref = _build(ckpt, *REFERENCE, cfg.threads, {"OMNILAB_CODE2WAV_DTYPE": "float32"})
     results: dict[tuple[str, str], dict] = {}
     try:
-        kw = {k: v for k, v in request_kwargs(ref, cfg, 0).items() if k in ("speaker", "language")}
+        voice = ("speaker", "language", "instruct", "ref_audio", "ref_text")  # the variant's voice (voice_kwargs)
+        kw = {k: v for k, v in request_kwargs(ref, cfg, 0).items() if k in voice}
         for key in sorted(keys):
             t = time.perf_counter()
             try:

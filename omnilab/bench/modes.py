@@ -2,8 +2,9 @@
 
 - ``run_same_process``: one after the other in this process, the frame floor measured before and after each
   (their mean is the row's floor), peak RSS sampled from build to close;
-- ``run_interleaved``: all built side by side in this process, then ``rounds`` rounds, each a floor
-  measurement and every configuration once, the order rotated every round; a row is the median of its rounds;
+- ``run_interleaved``: all built side by side in this process (or, ``--rebuild``, each built anew for its turn
+  and closed after it), then ``rounds`` rounds, each a floor measurement and every configuration once, the order
+  rotated every round; a row is the median of its rounds;
 - ``run_fresh``: each configuration in its own interpreter (``python -m omnilab.bench.run --child CFG OUT``,
   which runs ``run_same_process`` for that one), merged here.
 
@@ -87,17 +88,29 @@ def run_same_process(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict
 
 
 def run_interleaved(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict, meta: dict) -> tuple[list, list, list, list]:
+    """All configurations in rounds, the order rotated every round. Side by side in memory, or with
+    ``cfg.rebuild`` one at a time: each is built anew for its turn and closed after it (every configuration of a
+    large sweep then fits in memory; the page cache keeps the checkpoint warm, and ``init_s`` is the median)."""
     from omnilab.bench.memory import ProcessSampler
 
     configs = [be.parse_config(n, cfg.compile_talker) for n in cfg.configs]
-    pipes, built, runs = {}, {}, {c.name: [] for c in configs}
+    rebuild = getattr(cfg, "rebuild", False)
+    pipes, built, runs, inits = {}, {}, {c.name: [] for c in configs}, {c.name: [] for c in configs}
     points, reqs, rounds = [], [], []
+
+    def build(c):
+        gc.collect()
+        with be.config_env(c):  # weight storage and placement are fixed here; kernel modes switch per run
+            pipe, init_s = be.timed_build(c, ckpt, cfg)
+        inits[c.name].append(init_s)
+        built.setdefault(c.name, be.labels(pipe))
+        return pipe
+
     with ProcessSampler(cfg.rss_interval_s) as mem:
         try:
-            for c in configs:
-                with be.config_env(c):  # weight storage and placement are fixed here; kernel modes switch per run
-                    pipes[c.name], init_s = be.timed_build(c, ckpt, cfg)
-                built[c.name] = {"init_s": init_s, **be.labels(pipes[c.name])}
+            if not rebuild:
+                for c in configs:
+                    pipes[c.name] = build(c)
             for r in range(cfg.rounds):
                 fl = _floor(cfg, bpf)
                 # the order rotates every round, so position effects (first after the floor probe freed its
@@ -106,24 +119,35 @@ def run_interleaved(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict,
                 rounds.append({"round": r + 1, "order": [c.name for c in order],
                                "floor_ms": fl["floor_ms"] if fl else None})
                 for c in order:
-                    with be.kernel_modes(c):
-                        run = be.measure(pipes[c.name], c, cfg, prompts, cfg.schedule() or pipes[c.name].chunk_schedule,
-                                         r + 1)
+                    pipe = pipes[c.name] if not rebuild else build(c)
+                    try:
+                        with be.kernel_modes(c):
+                            run = be.measure(pipe, c, cfg, prompts, cfg.schedule() or pipe.chunk_schedule, r + 1)
+                            if rebuild and r == cfg.rounds - 1:
+                                built[c.name].update(_code2wav_chunks(pipe, cfg))
+                    finally:
+                        if rebuild:
+                            pipe.close()
+                    del pipe
                     runs[c.name].append(be.derive(run, fl))
                     points += run["points"]
                     reqs += run["requests"]
                 log(f"[bench] round {r + 1}: " + ("" if fl is None else f"floor {fl['floor_ms']:.3g} ms  ")
                      + "  ".join(f"{c.name} {runs[c.name][-1]['step_ms']:.1f} ms" for c in order))
-            for c in configs:
-                with be.kernel_modes(c):
-                    built[c.name].update(_code2wav_chunks(pipes[c.name], cfg))
+            if not rebuild:
+                for c in configs:
+                    with be.kernel_modes(c):
+                        built[c.name].update(_code2wav_chunks(pipes[c.name], cfg))
         finally:
             for p in pipes.values():
                 p.close()
     meta["peak_rss_gib_all_configs"] = mem.summary()["peak_rss_gib"]
-    meta["notes"].append("interleave: every configuration lives in this one process, so peak RSS is one figure for "
-                         "all of them (meta.peak_rss_gib_all_configs), not per row")
-    rows = [{**be.median_row(c.name, runs[c.name]), "pid": os.getpid(), "env": c.env, **built[c.name]} for c in configs]
+    meta["notes"].append("interleave: every configuration runs in this one process, so peak RSS is one figure for "
+                         "all of them (meta.peak_rss_gib_all_configs), not per row"
+                         + ("; --rebuild: one configuration in memory at a time, built anew for each turn"
+                            if rebuild else ""))
+    rows = [{**be.median_row(c.name, runs[c.name]), "pid": os.getpid(), "env": c.env,
+             "init_s": sorted(inits[c.name])[len(inits[c.name]) // 2], **built[c.name]} for c in configs]
     return rows, points, reqs, rounds
 
 

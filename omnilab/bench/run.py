@@ -21,7 +21,12 @@ Three ways to run the configurations:
 
 ``--code2wav-chunks`` adds the decoder's offline 1/25/100-frame and streaming chunk costs; the official
 qwen-tts row (``reference``) is added when ``.venv-ref`` exists. Prints one table; writes one JSON
-(``results``) to ``--out`` (default ``./omnilab-bench/``); the last line gives its path and the command line.
+(``results``, the command line included) to ``--out`` (default ``./omnilab-bench/``); the last line gives its path.
+
+Every variant is benched: CustomVoice requests take a built-in speaker, VoiceDesign ones ``--instruct`` (a
+default description), Base ones ``--ref-audio`` (without it, a generated 1.5 s reference clip, x-vector mode;
+``--ref-text`` for in-context cloning). ``--deploy-profile`` builds every configuration from a deploy profile
+(threads, CPUs, KV budget as a user of that profile gets them) instead of ``--threads``.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from typing import Any, Sequence
 from omnilab.bench import backends as be
 from omnilab.bench import floors, modes
 from omnilab.bench.results import WAIT_FLAG_PCT, BenchResult, load_bench  # noqa: F401  (load_bench re-exported)
+from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "harvard.txt"  # package data
 DEFAULT_OUT = "omnilab-bench"  # results go to ./omnilab-bench/ unless --out names a directory
@@ -58,6 +64,7 @@ class BenchConfig:
     """What to run (the CLI options, one field each). ``checkpoint`` None -> a random checkpoint of ``size``."""
     checkpoint: str | None = None
     size: str = "tiny"
+    variant: str = "custom_voice"     # of the random checkpoint (no --model)
     dtype: str = "float32"
     threads: int = 2
     configs: tuple[str, ...] = DEFAULT_CONFIGS
@@ -82,6 +89,11 @@ class BenchConfig:
     wait_flag_pct: float = WAIT_FLAG_PCT
     rss_interval_s: float = 0.2
     fidelity: str = "auto"            # auto | on | off (bench/fidelity.py)
+    rebuild: bool = False             # --interleave: one configuration in memory at a time (modes.run_interleaved)
+    deploy_profile: str | None = None  # None: --threads and the CPU lists; else auto | preset | YAML (backends.build)
+    instruct: str = be.DEFAULT_INSTRUCT  # VoiceDesign requests
+    ref_audio: str | None = None      # Base requests: a file; None = backends.reference_clip()
+    ref_text: str | None = None       # Base: the reference's transcript (in-context cloning); None = x-vector only
 
     def __post_init__(self):
         for k in ("threads", "frames", "rounds", "warmup_frames", "max_model_len", "gemv_mib"):
@@ -95,12 +107,18 @@ class BenchConfig:
             raise ValueError(f"mode={self.mode!r}; accepted: {', '.join(MODES)}")
         if self.fidelity not in ("auto", "on", "off"):
             raise ValueError(f"fidelity={self.fidelity!r}; accepted: auto, on, off")
+        from omnilab.config import VARIANTS
+
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant={self.variant!r}; accepted: {', '.join(VARIANTS)}")
         if self.reference not in ("auto", "on", "off"):
             raise ValueError(f"reference={self.reference!r}; accepted: auto, on, off")
         if not self.configs:
             raise ValueError("configs is empty; accepted: names such as " + ", ".join(DEFAULT_CONFIGS))
         floors.dtype_bytes(self.dtype)
         parsed = [be.parse_config(n, self.compile_talker) for n in self.configs]  # ValueError names the bad one
+        if self.rebuild and self.mode != "interleave":
+            raise ValueError("rebuild=True (--rebuild) goes with --interleave ROUNDS; accepted: --interleave N --rebuild")
         if self.mode == "interleave" and any(c.workers for c in parsed):
             raise ValueError("--interleave takes in-process configurations only (stage workers bind CPUs for their "
                              "lifetime); run vllm-workers with --fresh or on its own")
@@ -122,11 +140,11 @@ def checkpoint_for(cfg: BenchConfig) -> Path:
     from omnilab.checkpoint.random import default_checkpoint, make_random_checkpoint
     from omnilab.paths import cache_dir
 
-    if cfg.size == "tiny":
+    if cfg.size == "tiny" and cfg.variant == "custom_voice":
         return default_checkpoint()
-    path = cache_dir() / "checkpoints" / f"{cfg.size}-custom_voice-seed0-v1"
+    path = cache_dir() / "checkpoints" / f"{cfg.size}-{cfg.variant}-seed0-v1"
     if not (path / "speech_tokenizer" / "model.safetensors").is_file():
-        make_random_checkpoint(path, cfg.size, "custom_voice", 0, overwrite=True)
+        make_random_checkpoint(path, cfg.size, cfg.variant, 0, overwrite=True)
     return path
 
 
@@ -217,8 +235,18 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="omnilab bench", formatter_class=Formatter,
                                  description=__doc__.split("\n", 1)[1].strip().replace("``", "'"), epilog=EXAMPLES)
     a = ap.add_argument
-    a("--model", default=None, help="checkpoint dir; None = a random checkpoint of --size (cached)")
+    a("--model", default=None, help="checkpoint dir (any variant); None = a random checkpoint of --size and "
+      "--variant (cached)")
     a("--size", default="tiny", help="random checkpoint size when --model is not given: tiny | mid | 0.6b | 1.7b")
+    a("--variant", default="custom_voice", choices=("custom_voice", "voice_design", "base"),
+      help="random checkpoint variant when --model is not given")
+    a("--instruct", default=be.DEFAULT_INSTRUCT, help="VoiceDesign checkpoints: the voice description of every "
+      "request")
+    a("--ref-audio", default=None, help="Base checkpoints: reference audio file; None = a generated 1.5 s clip")
+    a("--ref-text", default=None, help="Base checkpoints: transcript of --ref-audio (in-context cloning); None = "
+      "x-vector only")
+    a("--deploy-profile", default="none", help="none (--threads, --talker-cpus, --code2wav-cpus decide) | auto | a "
+      "preset name | a deploy YAML: every configuration built with that profile's threads, CPUs and KV budget")
     a("--dtype", default="float32", help="compute dtype: float32 | bfloat16 | auto (what dtype=None picks), or a "
       "comma list: every configuration once per dtype (suffixes +fp32 / +bf16 / +auto)")
     a("--quantization", default="none", help="comma list of decode-matrix quantizations, every configuration once "
@@ -247,6 +275,8 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--interleave", type=int, default=0, metavar="ROUNDS", help="build the in-process configurations "
                       "side by side in this process and alternate them for ROUNDS rounds (order rotated every round); "
                       "rows are medians over rounds; 0 = off")
+    a("--rebuild", action="store_true", help="with --interleave: one configuration in memory at a time, built anew "
+      "for each turn and closed after it (a sweep too large to hold side by side)")
     a("--compile", choices=("off", "on"), default="off", help="on: vLLM's torch.compile path for the talker in every "
       "vllm configuration (per configuration: the +compiled suffix)")
     a("--talker-cpus", default=None, help="vllm-workers: talker CPU list, e.g. 0,1; None = the auto deploy profile's")
@@ -263,6 +293,7 @@ def parser() -> argparse.ArgumentParser:
     a("--rss-interval", type=float, default=0.2, help="seconds between RSS samples")
     a("--out", default=DEFAULT_OUT, help="output directory (relative to the current directory)")
     a("--name", default=None, help="output file stem; None = bench_<size or model>_<dtype>_t<threads>")
+    add_verbosity(ap)
     return ap
 
 
@@ -276,8 +307,10 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     configs = be.expand(_names(a.configs), _names(a.quantization), () if single else dtypes)
     concrete = [d for d in dtypes if d != "auto"]
     return BenchConfig(
-        checkpoint=a.model, size=a.size, dtype=concrete[0] if concrete else "float32", threads=a.threads,
-        configs=configs, frames=a.frames, fidelity=a.fidelity,
+        checkpoint=a.model, size=a.size, variant=a.variant, instruct=a.instruct, ref_audio=a.ref_audio,
+        ref_text=a.ref_text, deploy_profile=None if a.deploy_profile.lower() == "none" else a.deploy_profile,
+        dtype=concrete[0] if concrete else "float32", threads=a.threads,
+        configs=configs, frames=a.frames, fidelity=a.fidelity, rebuild=a.rebuild,
         concurrency=_ints(a.concurrency), requests=a.requests, warmup_frames=a.warmup_frames, prompts=a.prompts,
         sample=a.sample, seed=a.seed, chunks=() if a.chunks == "profile" else _ints(a.chunks),
         mode="interleave" if a.interleave else ("fresh" if a.fresh else "same-process"), rounds=a.interleave or 1,
@@ -293,18 +326,20 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         return _child_main(*argv[1:3])
     ap = parser()
     a = ap.parse_args(argv)
+    apply_verbosity(a)
     try:
         cfg = config_from_args(a)
     except ValueError as e:
         ap.error(str(e))
     command = "omnilab bench " + shlex.join(argv)
     res = run_bench(cfg, command)
-    name = a.name or f"bench_{Path(a.model).name if a.model else a.size}_{a.dtype.replace(',', '-')}_t{a.threads}"
+    stem = Path(a.model).name if a.model else (a.size if a.variant == "custom_voice" else f"{a.size}_{a.variant}")
+    name = a.name or f"bench_{stem}_{a.dtype.replace(',', '-')}_t{a.threads}"
     path = res.save(a.out, name)
     print(res.table())
     for note in res.meta["notes"]:
         print(f"note: {note}")
-    print(json.dumps({"json": str(path), "command": command}))
+    print(f"results: {path}")  # the JSON (rows, points, requests, the command line) is in the file
     return 0
 
 

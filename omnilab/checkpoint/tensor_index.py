@@ -2,11 +2,14 @@
 
 Used by :mod:`omnilab.checkpoint.load` (whose ``load_strict`` also serves the stage workers that load one part
 of a checkpoint themselves). ``weight_files(dir, stem)`` lists a checkpoint's file or shards. Reads headers
-only at construction; never unpickles.
+only at construction, each checked against the file's size (a truncated file, offsets past the end, a huge header
+length: ``CheckpointError`` naming the file); never unpickles.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,54 @@ _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16
               "BOOL": torch.bool}
 
 ALIGN_BYTES = 64  # torch's CPU allocator alignment; mapped tensors off this boundary are copied
+
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
+
+
+def _read_header(f: Path) -> tuple[dict[str, dict], int]:
+    """``(tensor name -> info, header length)`` of ``f``, every entry checked against the file's size, so a
+    truncated file, offsets past the end or a huge header length are a ``CheckpointError`` naming ``f`` here,
+    before anything is mapped or allocated."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{f} is not a valid safetensors file: {why} (a truncated download? fetch it again)")
+
+    try:
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 8:
+                raise bad(f"{size} bytes, shorter than the 8-byte header length")
+            n = int.from_bytes(fh.read(8), "little")
+            if n > min(MAX_HEADER_BYTES, size - 8):
+                raise bad(f"header length {n} bytes exceeds the file ({size} bytes) or the format's "
+                          f"{MAX_HEADER_BYTES}-byte limit")
+            header = json.loads(fh.read(n))
+    except CheckpointError:
+        raise
+    except OSError as e:
+        raise CheckpointError(f"{f} cannot be read: {e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
+    header.pop("__metadata__", None)
+    data_bytes = size - 8 - n
+    for k, info in header.items():
+        if not isinstance(info, dict) or info.get("dtype") not in _ST_DTYPES:
+            got = info.get("dtype") if isinstance(info, dict) else info
+            raise CheckpointError(f"{f}: tensor {k} has unsupported dtype {got!r}; accepted: {', '.join(_ST_DTYPES)}")
+        shape, offs = info.get("shape"), info.get("data_offsets")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise bad(f"tensor {k} has shape {shape!r}; expected a list of sizes >= 0")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
+                and 0 <= offs[0] <= offs[1]):
+            raise bad(f"tensor {k} has data_offsets {offs!r}; expected [start, end] with 0 <= start <= end")
+        if offs[1] > data_bytes:
+            raise bad(f"tensor {k} ends at byte {offs[1]} of the data but the file holds {data_bytes} data bytes")
+        want = math.prod(shape) * _ST_DTYPES[info["dtype"]].itemsize
+        if offs[1] - offs[0] != want:
+            raise bad(f"tensor {k} spans {offs[1] - offs[0]} bytes; shape {shape} {info['dtype']} needs {want}")
+    return header, n
 
 
 class TensorIndex:
@@ -37,16 +88,8 @@ class TensorIndex:
         self.where: dict[str, tuple[Path, dict, int]] = {}
         self._mapped: dict[Path, Any] = {}
         for f in files:
-            try:
-                with open(f, "rb") as fh:
-                    n = int.from_bytes(fh.read(8), "little")
-                    header = json.loads(fh.read(n))
-            except (OSError, ValueError) as e:
-                raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None
-            header.pop("__metadata__", None)
+            header, n = _read_header(Path(f))
             for k, info in header.items():
-                if info.get("dtype") not in _ST_DTYPES:
-                    raise CheckpointError(f"{f}: tensor {k} has unsupported dtype {info.get('dtype')!r}")
                 self.where[k] = (f, info, 8 + n)
 
     def shape(self, name: str) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """Write a quantized copy of a checkpoint: ``omnilab quantize SRC DST --method int8|int4 [--group-size N]``.
 
-Contract: ``quantize_checkpoint(src, dst, method, group_size=None, overwrite=False, progress=True) -> Path`` writes
+Contract: ``quantize_checkpoint(src, dst, method, group_size=None, overwrite=False, progress=None) -> Path`` writes
 a complete checkpoint directory at ``dst``: every file of ``src`` copied (``speech_tokenizer/`` unchanged), except
 that ``model.safetensors`` (one file, also for a sharded source) stores each talker decode matrix
 (:func:`omnilab.kernels.storage.talker_streamed_name`) in compressed-tensors' ``pack-quantized`` format and
@@ -10,7 +10,8 @@ that ``model.safetensors`` (one file, also for a sharded source) stores each tal
 stored in fp32 for that reason (docs/quantization.md#scales). ``group_size``: int4 only, None = the at-load
 default (128, or the largest of 64/32 dividing every K). Refuses an existing non-empty ``dst`` unless
 ``overwrite``, a source that is already quantized, and ``dst`` inside ``src`` or the reverse. ``dst`` appears
-complete or not at all (written next to it, then renamed).
+complete or not at all (written next to it, then renamed). ``progress``: a bar per tensor (None: the rule of
+:func:`omnilab.instrument.progress.progress_enabled`, ``OMNILAB_PROGRESS``).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def _copy_files(src: Path, dst: Path, skip: set[Path]) -> None:
 
 
 def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: str, group_size: int | None = None,
-                        *, overwrite: bool = False, progress: bool = True) -> Path:
+                        *, overwrite: bool = False, progress: bool | None = None) -> Path:
     """Write the quantized copy of ``src`` at ``dst`` and return ``dst`` (see the module docstring)."""
     if method not in BITS:
         raise ConfigError(f"method {method!r} is not a checkpoint quantization; accepted: {', '.join(BITS)}")
@@ -76,10 +77,10 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: 
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
         _copy_files(src, tmp, skip)
-        from tqdm.auto import tqdm
+        from omnilab.instrument.progress import bar
 
         tensors, quantized = [], set(names)
-        for k in tqdm(sorted(index.where), desc=f"quantize {method}", unit="tensor", disable=not progress):
+        for k in bar(sorted(index.where), desc=f"quantize {method}", unit="tensor", progress=progress):
             if k not in quantized:
                 tensors.append((k, index.get(k)))  # as stored (mapped)
                 continue

@@ -1,4 +1,5 @@
-"""The ``omnilab`` command line: ``main`` (synth, bench, probe, plan) and ``profile`` (probe / plan).
+"""The ``omnilab`` command line: ``main`` (the dispatcher, ``--help`` / ``--version`` / ``help``, synth, make-checkpoint),
+``speakers``, ``quantize`` and ``profile`` (probe / plan); ``bench`` lives in ``omnilab.bench.run``.
 
 May import anything (it is the top of the package); nothing imports ``cli``.
 """

@@ -1,9 +1,10 @@
-"""``omnilab`` command line: ``synth`` (the main job), ``make-checkpoint``, ``quantize``, ``probe``, ``plan``,
-``bench``.
+"""The ``omnilab`` command line: ``omnilab --help`` lists the commands, ``omnilab help COMMAND`` (or
+``omnilab COMMAND --help``) shows one, ``omnilab --version`` prints the version.
 
-``omnilab synth "text" --out out/`` synthesizes one sentence (default: the embedded tiny checkpoint),
-writes ``<out>/<name>.wav`` and ``<out>/<name>_latency.csv`` (one row per timing span) and prints a
-summary table.
+Contract: ``main(argv) -> exit status``; every command parses its own options (``*_main(argv)``, help and the
+default on every option); an :class:`~omnilab.errors.OmnilabError` ends the command with its message on stderr and
+status 2, argparse errors with status 2 too. ``-v/--verbose`` (before or after the command) shows vLLM's warnings
+and omnilab's info (``omnilab.logs``); by default third-party libraries print only errors.
 """
 from __future__ import annotations
 
@@ -12,7 +13,25 @@ import json
 import sys
 from pathlib import Path
 
+from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
+
 DEFAULT_TEXT = "Hello from omnilab, running on the CPU."
+# one line per command for ``omnilab --help`` (COMMANDS below maps each to its entry point)
+SUMMARIES = {
+    "synth": "synthesize one sentence to a WAV file and print its latency summary",
+    "speakers": "list a checkpoint's speakers and languages (and how VoiceDesign / Base choose a voice)",
+    "make-checkpoint": "write a random-weight checkpoint in the released layout",
+    "quantize": "write an int8 / int4 (compressed-tensors pack-quantized) copy of a checkpoint",
+    "probe": "describe this machine's CPUs, NUMA nodes, cgroup limits and memory",
+    "plan": "plan threads, CPU lists, KV budget, dtype and chunking for both stages",
+    "bench": "benchmark configurations (eager, vllm, vllm-workers, ...) side by side on one checkpoint",
+    "batch": "synthesize a manifest (CSV / JSONL / Parquet) on Ray actors, or in this process without Ray",
+    "help": "show the help of a command: omnilab help COMMAND",
+}
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default and keeps descriptions' line breaks."""
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -20,46 +39,58 @@ def _table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
-def synth_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="omnilab synth", description="Synthesize one sentence to a WAV file.")
-    ap.add_argument("text", nargs="?", default=DEFAULT_TEXT)
-    ap.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded tiny checkpoint)")
-    ap.add_argument("--out", default="out", help="output directory")
-    ap.add_argument("--name", default="omnilab_demo", help="output file stem")
-    ap.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the first one)")
-    ap.add_argument("--language", default="auto")
-    ap.add_argument("--instruct", default=None)
-    ap.add_argument("--ref-audio", default=None, help="reference audio file (Base models)")
-    ap.add_argument("--ref-text", default=None)
-    ap.add_argument("--max-new-tokens", type=int, default=None)
-    ap.add_argument("--greedy", action="store_true", help="greedy decoding (talker and sub-talker)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: auto per CPU)")
-    ap.add_argument("--quantization", default=None, metavar="Q",
-                    help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | int4-g128 (default: the "
-                         "profile's, none unless asked; a quantized checkpoint: as stored)")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--backend", default="vllm", choices=("vllm", "eager"))
-    ap.add_argument("--deploy-profile", default="auto",
-                    help="auto | a preset name | a deploy YAML path | none (default: auto)")
-    ap.add_argument("--deploy", default=None, choices=("auto", "inprocess", "workers"),
-                    help="vLLM backend: where the stages run (default: auto, from the profile)")
-    ap.add_argument("--stream", action="store_true", help="stream the audio chunk by chunk (reports TTFA)")
-    args = ap.parse_args(argv)
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if getattr(args, "no_progress", False) else None
 
+
+def synth_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="omnilab synth", formatter_class=Formatter,
+                                 description="Synthesize one sentence: writes <out>/<name>.wav and <out>/<name>_latency.csv "
+                                             "(one row per timing span) and prints a summary table.")
+    a = ap.add_argument
+    a("text", nargs="?", default=DEFAULT_TEXT, help="the text to speak")
+    a("--model", default=None, help="checkpoint dir or hub id; None = the embedded tiny checkpoint")
+    a("--out", default="out", help="output directory")
+    a("--name", default="omnilab_demo", help="output file stem")
+    a("--speaker", default=None, help="CustomVoice speaker (omnilab speakers --model DIR lists them); None = the first")
+    a("--language", default="auto", help="language name (omnilab speakers lists them) or auto")
+    a("--instruct", default=None, help="voice / style description (VoiceDesign; CustomVoice 1.7B)")
+    a("--ref-audio", default=None, help="reference audio file to clone (Base checkpoints)")
+    a("--ref-text", default=None, help="transcript of --ref-audio (Base: in-context cloning; None = x-vector only)")
+    a("--max-new-tokens", type=int, default=None, help="talker tokens at most (one frame = 80 ms each); None = the "
+      "checkpoint's limit (75 on the embedded checkpoint, whose random weights rarely stop)")
+    a("--greedy", action="store_true", help="greedy decoding (talker and sub-talker)")
+    a("--seed", type=int, default=0, help="sampling seed")
+    a("--dtype", default=None, help="float32 | bfloat16; None = auto per CPU (measured)")
+    a("--quantization", default=None, metavar="Q", help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | "
+      "int4-g128; None = the profile's (none unless asked; a quantized checkpoint: as stored)")
+    a("--threads", type=int, default=None, help="talker threads; None = the deploy profile's")
+    a("--backend", default="vllm", choices=("vllm", "eager"), help="vllm: the talker in vLLM's CPU engine; eager: "
+      "plain torch in this process")
+    a("--deploy-profile", default="auto", help="auto | a preset name | a deploy YAML path | none")
+    a("--deploy", default=None, choices=("auto", "inprocess", "workers"),
+      help="vLLM backend: where the stages run; None = auto, from the profile")
+    a("--stream", action="store_true", help="stream the audio chunk by chunk (reports TTFA)")
+    a("--no-progress", action="store_true", help="no progress bars (also OMNILAB_PROGRESS=0)")
+    add_verbosity(ap)
+    args = ap.parse_args(argv)
+    apply_verbosity(args)
+
+    from omnilab.instrument.hooks import ProgressHook
     from omnilab.pipeline import Pipeline
 
+    max_new = args.max_new_tokens
+    if max_new is None and args.model is None:
+        max_new = 75  # the embedded checkpoint has random weights that rarely emit EOS: cap at ~6 s
     profile = None if args.deploy_profile.lower() == "none" else args.deploy_profile
     pipe = Pipeline.from_pretrained(args.model, backend=args.backend, dtype=args.dtype, num_threads=args.threads,
-                                    deploy_profile=profile, deploy=args.deploy, quantization=args.quantization)
+                                    deploy_profile=profile, deploy=args.deploy, quantization=args.quantization,
+                                    hooks=ProgressHook("synth", total=max_new, progress=_progress(args)))
     with pipe:
         cfg = pipe.model.config
         speaker = args.speaker
         if speaker is None and cfg.tts_model_type == "custom_voice":
             speaker = cfg.speakers[0]
-        max_new = args.max_new_tokens
-        if max_new is None and args.model is None:
-            max_new = 75  # the embedded checkpoint has random weights that rarely emit EOS: cap at ~6 s
         kw = dict(speaker=speaker, language=args.language, instruct=args.instruct, ref_audio=args.ref_audio,
                   ref_text=args.ref_text, max_new_tokens=max_new, seed=args.seed)
         if args.greedy:
@@ -89,18 +120,24 @@ def synth_main(argv: list[str] | None = None) -> int:
 
 
 def make_checkpoint_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="omnilab make-checkpoint",
-                                 description="Write a random-weight checkpoint in the released layout.")
-    ap.add_argument("path")
-    ap.add_argument("--size", default="tiny", help="tiny | mid | 0.6b | 1.7b")
-    ap.add_argument("--variant", default="custom_voice", help="custom_voice | voice_design | base")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--overwrite", action="store_true")
+    ap = argparse.ArgumentParser(prog="omnilab make-checkpoint", formatter_class=Formatter,
+                                 description="Write a random-weight checkpoint in the released layout; prints one JSON "
+                                             "line (path, size, variant, seed).")
+    ap.add_argument("path", help="directory to write")
+    ap.add_argument("--size", default="tiny", choices=("tiny", "mid", "0.6b", "1.7b"),
+                    help="geometry: tiny / mid (tests), 0.6b / 1.7b (the released ones)")
+    ap.add_argument("--variant", default="custom_voice", choices=("custom_voice", "voice_design", "base"),
+                    help="checkpoint variant")
+    ap.add_argument("--seed", type=int, default=0, help="weights seed (same seed, byte-identical files)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing non-empty directory")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (also OMNILAB_PROGRESS=0)")
+    add_verbosity(ap)
     args = ap.parse_args(argv)
+    apply_verbosity(args)
     from omnilab.checkpoint.random import make_random_checkpoint
 
     p = make_random_checkpoint(args.path, size=args.size, variant=args.variant, seed=args.seed,
-                               overwrite=args.overwrite)
+                               overwrite=args.overwrite, progress=_progress(args))
     print(json.dumps({"path": str(p), "size": args.size, "variant": args.variant, "seed": args.seed}))
     return 0
 
@@ -115,22 +152,54 @@ def _lazy(module: str, func: str):
 
 COMMANDS = {
     "synth": synth_main,
+    "speakers": _lazy("omnilab.cli.speakers", "speakers_main"),
     "make-checkpoint": make_checkpoint_main,
+    "quantize": _lazy("omnilab.cli.quantize", "quantize_main"),
     "probe": _lazy("omnilab.cli.profile", "probe_main"),
     "plan": _lazy("omnilab.cli.profile", "plan_main"),
     "bench": _lazy("omnilab.bench.run", "bench_main"),
-    "quantize": _lazy("omnilab.cli.quantize", "quantize_main"),
+    "batch": _lazy("omnilab.cli.batch", "batch_main"),
 }
+
+
+def parser() -> argparse.ArgumentParser:
+    """The top-level parser: global options and the command list (each command parses the rest itself)."""
+    from omnilab import __version__
+
+    ap = argparse.ArgumentParser(prog="omnilab", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="Qwen3-TTS 12 Hz on CPUs: synthesize, inspect checkpoints, plan deployments "
+                                             "and benchmark.",
+                                 epilog="examples:\n  omnilab synth \"Hello there.\" --out out/\n"
+                                        "  omnilab speakers --model DIR\n  omnilab help bench")
+    ap.add_argument("--version", action="version", version=f"omnilab {__version__}")
+    add_verbosity(ap)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, summary in SUMMARIES.items():
+        sub.add_parser(name, help=summary, add_help=False)
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: omnilab {" + ",".join(COMMANDS) + "} [options]\n\n" + __doc__.strip())
-        return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
+    split = next((i for i, x in enumerate(argv) if not x.startswith("-")), len(argv))
+    ap = parser()
+    top = ap.parse_args(argv[:split])  # -h / --version exit here (status 0)
+    if split == len(argv):
+        ap.print_help()
+        return 2
+    if top.verbose:
+        apply_verbosity(top)
+    cmd, rest = argv[split], argv[split + 1:]
+    if cmd == "help":
+        if not rest:
+            ap.print_help()
+            return 0
+        if rest[0] not in COMMANDS:
+            print(f"omnilab help: unknown command {rest[0]!r}; accepted: {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        cmd, rest = rest[0], ["--help"]
     if cmd not in COMMANDS:
-        print(f"omnilab: unknown command {cmd!r}; accepted: {', '.join(COMMANDS)}", file=sys.stderr)
+        print(f"omnilab: unknown command {cmd!r}; accepted: {', '.join(SUMMARIES)} (omnilab --help)", file=sys.stderr)
         return 2
     from omnilab.errors import OmnilabError
 
@@ -139,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     except OmnilabError as e:
         print(f"omnilab {cmd}: error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2, message already on stderr)
+        if argv[split] == "help" and e.code == 0:
+            return 0
+        raise
 
 
 if __name__ == "__main__":

@@ -12,16 +12,20 @@ import sys
 from typing import Sequence
 
 from omnilab.errors import OmnilabError
+from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
 
 def probe_main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="omnilab probe", description="Describe this machine's CPUs, NUMA layout, "
-                                 "cgroup limits and memory, as the deploy planner sees them.")
-    ap.add_argument("--root", default="/", help="filesystem root or a .json snapshot to probe (default /)")
+    from omnilab.cli.main import Formatter
+    ap = argparse.ArgumentParser(prog="omnilab probe", formatter_class=Formatter, description="Describe this machine's "
+                                 "CPUs, NUMA layout, cgroup limits and memory, as the deploy planner sees them.")
+    ap.add_argument("--root", default="/", help="filesystem root or a .json snapshot to probe")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--snapshot", metavar="OUT.json", help="also write every file the probe read to OUT.json "
-                    "(attach it to bug reports; `--root OUT.json` replays it)")
+                    "(attach it to bug reports; '--root OUT.json' replays it)")
+    add_verbosity(ap)
     args = ap.parse_args(argv)
+    apply_verbosity(args)
     from omnilab.hardware import probe_hardware, snapshot_hardware
     try:
         hw = probe_hardware(args.root)
@@ -53,24 +57,27 @@ def _overrides(items: Sequence[str]) -> dict[str, str]:
 def plan_main(argv: Sequence[str] | None = None) -> int:
     from omnilab.profiles.resolve import list_presets
     from omnilab.profiles.overrides import env_help
+    from omnilab.cli.main import Formatter
     ap = argparse.ArgumentParser(
-        prog="omnilab plan", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="omnilab plan", formatter_class=Formatter,
         description="Plan threads, CPU lists, KV budget, dtype and chunking for the talker and code2wav stages.",
         epilog="environment overrides (OMNILAB_* win over vLLM's variables, which win over arguments and files):\n"
                + env_help())
-    ap.add_argument("--model", metavar="PATH", help="checkpoint directory (or its config.json); default: the "
+    ap.add_argument("--model", metavar="PATH", help="checkpoint directory (or its config.json); None = the "
                     "released 0.6B geometry")
     ap.add_argument("--profile", default="auto", help=f"auto, a preset ({', '.join(list_presets())}) or a YAML file")
-    ap.add_argument("--root", default="/", help="filesystem root or .json snapshot to plan for (default /)")
-    ap.add_argument("--max-concurrency", type=int, help="concurrent requests (max_num_seqs)")
-    ap.add_argument("--max-model-len", type=int, help="talker context length in tokens")
+    ap.add_argument("--root", default="/", help="filesystem root or .json snapshot to plan for")
+    ap.add_argument("--max-concurrency", type=int, help="concurrent requests (max_num_seqs); None = the planner's")
+    ap.add_argument("--max-model-len", type=int, help="talker context length in tokens; None = the planner's")
     ap.add_argument("--quantization", metavar="Q", help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | "
-                    "int4-g128 (the profile field 'quantization'; default none)")
+                    "int4-g128 (the profile field 'quantization'); None = none")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field, e.g. "
                     "--set talker_threads=4 --set dtype=float32 (repeatable)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--yaml", metavar="OUT.yaml", help="also write the profile as deploy YAML")
+    add_verbosity(ap)
     args = ap.parse_args(argv)
+    apply_verbosity(args)
     from omnilab.hardware import probe_hardware
     from omnilab.hardware_info import kernel_isas
     from omnilab.profiles.resolve import resolve_profile

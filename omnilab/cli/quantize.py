@@ -9,24 +9,30 @@ import argparse
 import json
 from typing import Sequence
 
+from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
+
 
 def quantize_main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="omnilab quantize", description="Write a quantized copy of a checkpoint: the "
+    from omnilab.cli.main import Formatter
+    ap = argparse.ArgumentParser(prog="omnilab quantize", formatter_class=Formatter, description="Write a quantized copy of a checkpoint: the "
                                  "talker's decode matrices in compressed-tensors pack-quantized format (W8A16 per "
                                  "output channel, W4A16 group-wise); every other file copied unchanged.")
     ap.add_argument("src", help="checkpoint directory (or hub id) to quantize")
     ap.add_argument("dst", help="directory to write (refused if it exists and is not empty, unless --overwrite)")
-    ap.add_argument("--method", required=True, choices=("int8", "int4"))
+    ap.add_argument("--method", required=True, choices=("int8", "int4"),
+                    help="int8: W8A16, one scale per output channel; int4: W4A16 group-wise (required)")
     ap.add_argument("--group-size", type=int, default=None,
-                    help="int4 only: 32 | 64 | 128 (default: 128, or the largest of 64/32 dividing every K)")
+                    help="int4 only: 32 | 64 | 128; None = 128, or the largest of 64/32 dividing every K")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing destination")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (also OMNILAB_PROGRESS=0)")
+    add_verbosity(ap)
     args = ap.parse_args(argv)
+    apply_verbosity(args)
     from omnilab.checkpoint.quantized import read_scheme
     from omnilab.checkpoint.write_quantized import quantize_checkpoint
 
     dst = quantize_checkpoint(args.src, args.dst, args.method, args.group_size, overwrite=args.overwrite,
-                              progress=not args.no_progress)
+                              progress=False if args.no_progress else None)
     scheme = read_scheme(dst)
     from omnilab.checkpoint.load import resolve_checkpoint
 

@@ -1,8 +1,8 @@
 """Display: plots, audio players and the live streaming panel; renders data, computes nothing.
 
 Every plot takes data (a ``Trace``, a DataFrame, audio) and ``ax=None`` and returns the artist it drew on
-(``plots``); ``live`` is the streaming player panel. matplotlib, IPython and ipywidgets are imported inside the
-functions, so importing this package stays light.
+(``plots``); ``live`` is the streaming player panel (an anywidget, front end in ``live_player.js``). matplotlib,
+IPython and anywidget are imported inside the functions, so importing this package stays light.
 
 May import: ``instrument`` (the data it renders), the leaves, and ``results`` for type checks. Nothing imports
 ``display`` but notebooks, the CLI and benchmarks.

@@ -21,6 +21,8 @@ SPAN_COLORS = {"admission": "tab:gray", "hop": "tab:red", "consumer": "lightgray
                "prefill": "tab:purple", "code_predictor": "tab:green", "input_prep": "tab:olive",
                "talker_forward": "tab:blue", "sampling": "tab:cyan", "code2wav_chunk": "tab:orange"}
 _TOP = ("admission", "step", "hop", "code2wav_chunk", "consumer")
+# legends sit to the right of the axes, off the data (constrained layout makes room for them)
+LEGEND_OUTSIDE = dict(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
 
 
 def _axes(ax, figsize=(9, 3)):
@@ -87,7 +89,7 @@ def plot_timeline(trace: Any, ax=None, phases: bool = True, max_requests: int = 
     ax.set_title("stage timeline")
     handles = [Patch(color=SPAN_COLORS.get(n, "k"), label=n) for n in sorted(used)]
     if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+        ax.legend(handles=handles, **LEGEND_OUTSIDE)
     return ax
 
 
@@ -110,7 +112,7 @@ def plot_step_latency(trace: Any, ax=None, name: str = "step", percentiles: Sequ
     ax.set_xlabel("frame")
     ax.set_ylabel(f"{name} ms")
     ax.set_title(f"{name} latency per frame")
-    ax.legend(fontsize="small", ncol=2, frameon=False)
+    ax.legend(**LEGEND_OUTSIDE)
     return ax
 
 
@@ -172,7 +174,7 @@ def plot_cpu_share(trace: Any, ax=None, by: str = "thread", top: int = 12):
     ax.set_yticks(y, g.index)
     ax.set_xlabel("ms")
     ax.set_title(f"CPU time by {by}")
-    ax.legend(fontsize="small", frameon=False)
+    ax.legend(**LEGEND_OUTSIDE)
     return ax
 
 
@@ -203,7 +205,7 @@ def plot_playback(x: Any, ax=None):
     ax.set_xlabel("wall ms since admission")
     ax.set_ylabel("audio ms")
     ax.set_title("stream: delivered audio vs playback")
-    ax.legend(fontsize="small", frameon=False)
+    ax.legend(**LEGEND_OUTSIDE)
     return ax
 
 
@@ -214,7 +216,8 @@ def plot_waveform(x: Any, ax=None):
     ax = _axes(ax, (9, 2))
     ax.plot(np.arange(len(audio)) / sr, audio, lw=0.5)
     ax.set_xlim(0, max(len(audio) / sr, 1e-3))
-    ax.set_xlabel("s")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("amplitude")
     ax.set_title("waveform")
     return ax
 
@@ -229,17 +232,20 @@ def spectrogram_db(audio: np.ndarray, n_fft: int = 1024, hop: int = 256) -> np.n
     return 20 * np.log10(np.maximum(mag, 1e-6))
 
 
-def plot_spectrogram(x: Any, ax=None, n_fft: int = 1024, hop: int = 256, dynamic_db: float = 80.0):
-    """Spectrogram (dB, ``dynamic_db`` below the peak) of a result / chunk / array."""
+def plot_spectrogram(x: Any, ax=None, n_fft: int = 1024, hop: int = 256, dynamic_db: float = 80.0,
+                     colorbar: bool = True):
+    """Spectrogram (dB, ``dynamic_db`` below the peak) of a result / chunk / array, with a dB colourbar."""
     audio, sr = _audio(x)
     ax = _axes(ax, (9, 2.5))
     s = spectrogram_db(audio, n_fft, hop)
     top = float(s.max())
-    ax.imshow(s, aspect="auto", origin="lower", cmap="magma", vmin=top - dynamic_db, vmax=top,
-              extent=(0, len(audio) / sr, 0, sr / 2000))
-    ax.set_xlabel("s")
+    im = ax.imshow(s, aspect="auto", origin="lower", cmap="magma", vmin=top - dynamic_db, vmax=top,
+                   extent=(0, len(audio) / sr, 0, sr / 2000))
+    ax.set_xlabel("time (s)")
     ax.set_ylabel("kHz")
     ax.set_title("spectrogram")
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, label="dB", fraction=0.04)
     return ax
 
 
@@ -250,8 +256,10 @@ def plot_audio(x: Any, axes=None):
     if axes is None:
         _, axes = plt.subplots(2, 1, figsize=(9, 4), sharex=True, layout="constrained")
     plot_waveform(x, axes[0])
-    plot_spectrogram(x, axes[1])
+    plot_spectrogram(x, axes[1], colorbar=False)
     axes[0].set_xlabel("")
+    # one dB colourbar beside both rows, so the waveform and the spectrogram keep the same width
+    axes[0].figure.colorbar(axes[1].images[0], ax=list(axes), label="dB", fraction=0.04)
     return axes
 
 
@@ -282,16 +290,34 @@ def wav_bytes(audio: np.ndarray, sample_rate: int = SAMPLE_RATE, normalize: bool
 
 
 # ---- benchmarks -----------------------------------------------------------------------------------
-def plot_bench(df: Any, y: str = "ttfa_ms_p50", x: str = "concurrency", by: str = "backend", ax=None):
-    """One line per ``by`` (backend) of a benchmark summary table (``omnilab.bench.run``): ``y`` vs ``x``."""
+def backend_colors(keys: Iterable[Any]) -> dict[str, str]:
+    """A fixed colour per key (backend): the sorted distinct keys take tab10 (tab20 past ten) in order, so every
+    plot given the same ``keys`` colours a backend alike whichever subset it draws."""
+    names = sorted({str(k) for k in keys})
+    cmap = "tab10" if len(names) <= 10 else "tab20"
+    import matplotlib
+
+    colors = matplotlib.colormaps[cmap].colors
+    return {n: matplotlib.colors.to_hex(colors[i % len(colors)]) for i, n in enumerate(names)}
+
+
+def plot_bench(df: Any, y: str = "ttfa_ms_p50", x: str = "concurrency", by: str = "backend", ax=None,
+               colors: dict[str, str] | None = None):
+    """One line per ``by`` (backend) of a benchmark summary table (``omnilab.bench.run``): ``y`` vs ``x``.
+    ``colors`` maps each key to a colour (default ``backend_colors`` of this table; pass one map built over every
+    table to keep a backend's colour across plots). Integer ``x`` (concurrency) gets one tick per value run."""
     ax = _axes(ax, (6, 3))
+    colors = colors or backend_colors(df[by])
     for key, g in df.groupby(by):
         g = g.sort_values(x)
-        ax.plot(g[x], g[y], marker="o", label=str(key))
+        ax.plot(g[x], g[y], marker="o", label=str(key), color=colors.get(str(key)))
+    xs = np.unique(np.asarray(df[x], float)) if len(df) else np.zeros(0)
+    if len(xs) and np.all(xs == np.round(xs)):
+        ax.set_xticks(xs, [str(int(v)) for v in xs])
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.set_title(f"{y} by {x}")
-    ax.legend(fontsize="small", frameon=False)
+    ax.legend(**LEGEND_OUTSIDE)
     return ax
 
 
@@ -304,4 +330,4 @@ def progress(iterable: Iterable | None = None, **kw):
 
 __all__ = ["plot_timeline", "plot_step_latency", "plot_core_heatmap", "plot_cpu_share", "plot_playback",
            "plot_waveform", "plot_spectrogram", "plot_audio", "spectrogram_db", "audio_player", "wav_bytes",
-           "plot_bench", "progress", "STAGE_COLORS", "SPAN_COLORS"]
+           "plot_bench", "backend_colors", "progress", "STAGE_COLORS", "SPAN_COLORS"]

@@ -269,16 +269,19 @@ class ThreadUsageHook(Hook):
 
 
 class ProgressHook(Hook):
-    """A ``tqdm.auto`` progress bar of talker frames (and frames/s) while a synthesis runs."""
+    """A ``tqdm.auto`` progress bar of talker frames (and frames/s) while a synthesis runs:
+    ``Pipeline.from_pretrained(..., hooks=ProgressHook(total=max_new_tokens))`` (``omnilab synth`` attaches one).
+    ``progress``: True / False, or None for ``omnilab.instrument.progress.progress_enabled``'s rule
+    (``OMNILAB_PROGRESS``, the verbosity, a terminal or a notebook)."""
 
-    def __init__(self, desc: str = "frames", total: int | None = None):
-        self.desc, self.total, self.bar = desc, total, None
+    def __init__(self, desc: str = "frames", total: int | None = None, progress: bool | None = None):
+        self.desc, self.total, self.progress, self.bar = desc, total, progress, None
 
     def start(self) -> None:
         if self.bar is None:
-            from tqdm.auto import tqdm
+            from omnilab.instrument.progress import bar
 
-            self.bar = tqdm(total=self.total, desc=self.desc, unit="frame", leave=False)
+            self.bar = bar(total=self.total, desc=self.desc, unit="frame", progress=self.progress)
 
     def stop(self) -> None:
         if self.bar is not None:

@@ -6,8 +6,9 @@ the process), pid and native thread id. The recorder keeps each live request's s
 Work done in stage worker processes arrives as span dicts (``FrameOutput.spans``, or a stage/session
 ``take_spans()`` the pipeline calls) and is forwarded unchanged, so a trace shows every process. A
 ``FrameOutput`` with ``worker_pid``/``worker_tid`` (another process) puts its phase spans on that process's
-track with the durations it reported, ending when the client received the frame (not nested in the
-client's ``step`` span: a pipelined worker computes ahead of the client).
+track with the durations it reported, from when the worker began the step (``worker_start_s``, on the
+host's one monotonic clock) and inside the worker's step window (not nested in the client's ``step``
+span: a pipelined worker computes ahead of the client).
 Thread-safe. No torch, no plotting.
 """
 from __future__ import annotations
@@ -106,13 +107,15 @@ class Recorder:
         """Spans for one talker step that began at ``start``: per request a ``step`` span with its
         phases laid out in engine order (prefill, code predictor, input prep, talker forward, then the
         rest of the step as ``sampling``), from the ``*_ms`` fields a ``FrameOutput`` reports (the stage contract
-        of :mod:`omnilab.stages.base`: every field is there, so none is probed)."""
+        of :mod:`omnilab.stages.base`: every field is there, so none is probed). Phases another process ran
+        go on its track, where it ran them (:meth:`_worker_phases`)."""
         t1 = time.perf_counter()
         cpu = 1e3 * (time.process_time() - start[1])
         outputs = list(outputs)
+        local = [o for o in outputs if (o.worker_pid or self.pid) == self.pid]
         cursor = start[0]
         prefill_at: dict[str, tuple[float, float]] = {}
-        for o in outputs:  # prefills run one after another at the start of the step
+        for o in local:  # prefills run one after another at the start of the step
             p = float(o.prefill_ms or 0.0)
             if p > 0:
                 end = min(cursor + p / 1e3, t1)
@@ -121,16 +124,19 @@ class Recorder:
         phases, shared = [], cursor
         for ph, attr in (("code_predictor", "predictor_ms"), ("input_prep", "input_prep_ms"),
                          ("talker_forward", "talker_ms")):
-            ms = float(getattr(outputs[0], attr) or 0.0) if outputs else 0.0  # a *_ms field
+            ms = float(getattr(local[0], attr) or 0.0) if local else 0.0  # a *_ms field
             if ms > 0:
                 end = min(shared + ms / 1e3, t1)
                 phases.append((ph, shared, end, {}))
                 shared = end
-        reported = float(outputs[0].sampling_ms or 0.0) if outputs else 0.0
+        reported = float(local[0].sampling_ms or 0.0) if local else 0.0
         if phases and reported > 0:
             phases.append(("sampling", shared, t1, {"reported_ms": round(reported, 3)}))
         tid = threading.get_native_id()
-        worker_layout: dict = {}
+        # a worker step cannot have begun before every request it ran was admitted
+        admitted = max((o_.start_s for o_ in (self._open.get(str(o.request_id)) for o in outputs) if o_ is not None),
+                       default=-math.inf)
+        worker_layout: dict = {"admitted": admitted}
         for o in outputs:
             rid = str(o.request_id)
             has_frame = o.codes is not None
@@ -138,13 +144,13 @@ class Recorder:
                                 int(has_frame), cpu, attrs={"batch": len(outputs)}))
             # phases ran where the backend says (``worker_pid``/``worker_tid``), else in this thread
             wpid, wtid = o.worker_pid or self.pid, o.worker_tid or tid
-            if rid in prefill_at:
-                a, b = prefill_at[rid]
-                self._emit(Span("prefill", "talker", rid, a, b, wpid, wtid, 0, 0, parent_id=s.span_id))
-            if has_frame and wpid != self.pid:
-                self._worker_phases(o, rid, wpid, wtid, t1, worker_layout)
-            elif has_frame:
-                for ph, a, b, attrs in phases:
+            if wpid != self.pid:
+                self._worker_phases(o, rid, wpid, wtid, t1, worker_layout, has_frame)
+            else:
+                if rid in prefill_at:
+                    a, b = prefill_at[rid]
+                    self._emit(Span("prefill", "talker", rid, a, b, wpid, wtid, 0, 0, parent_id=s.span_id))
+                for ph, a, b, attrs in phases if has_frame else ():
                     self._emit(Span(ph, "talker", rid, a, b, wpid, wtid, int(o.frame_index), 0,
                                     parent_id=s.span_id, attrs=dict(attrs)))
             self.remote(o.spans or (), parent_id=s.span_id)
@@ -154,25 +160,42 @@ class Recorder:
                 if o.finished and o_open.auto_end:
                     self.end(rid, o.finish_reason or "", end_s=t1)
 
-    def _worker_phases(self, o: Any, rid: str, pid: int, tid: int, t_received: float, layout: dict) -> None:
-        """Phases a worker process reported: with their reported durations, ending when the client
-        received the frame (a pipelined worker may have computed them before the client asked), but
-        never before the worker's previous phases ended. One layout per worker thread and step: batched
-        rows share it."""
-        key = (pid, tid)
+    _WORKER_ORDER = (("input_prep", "input_prep_ms"), ("talker_forward", "talker_ms"),
+                     ("code_predictor", "predictor_ms"), ("sampling", "sampling_ms"))
+
+    def _worker_phases(self, o: Any, rid: str, pid: int, tid: int, t_received: float, layout: dict,
+                       has_frame: bool) -> None:
+        """Phases a worker process reported, on its track, one after another (input prep, talker forward,
+        code predictor, sampling) from when the worker began the step (``worker_start_s``, its
+        ``perf_counter``: the host's one monotonic clock) and clipped to the step's window: never past
+        ``worker_end_s`` nor past ``t_received``, when the client had the frame, and never before the
+        worker's previous step ended or its requests were admitted. Without ``worker_start_s`` they end
+        at ``t_received``. A prefill is the talker forward of the step that admitted the request: it
+        starts with that phase. Batched rows of one worker step share one layout (``attrs.reported_ms``:
+        a phase the window clipped)."""
+        key = (pid, tid, o.worker_start_s)
         if key not in layout:
-            ms = [(ph, float(getattr(o, attr) or 0.0)) for ph, attr in
-                  (("code_predictor", "predictor_ms"), ("input_prep", "input_prep_ms"),
-                   ("talker_forward", "talker_ms"), ("sampling", "sampling_ms"))]
-            t = max(t_received - sum(m for _, m in ms) / 1e3, self._worker_end.get(key, -math.inf))
-            layout[key] = []
+            ms = [(ph, float(getattr(o, attr) or 0.0)) for ph, attr in self._WORKER_ORDER]
+            end = t_received if o.worker_end_s is None else min(float(o.worker_end_s), t_received)
+            t = t_received - sum(m for _, m in ms) / 1e3 if o.worker_start_s is None else float(o.worker_start_s)
+            t = min(max(t, self._worker_end.get((pid, tid), -math.inf), layout["admitted"]), end)
+            placed = []
             for ph, m in ms:
+                b = min(t + m / 1e3, end)
                 if m > 0:
-                    layout[key].append((ph, t, t + m / 1e3))
-                    t += m / 1e3
-            self._worker_end[key] = t
-        for ph, a, b in layout[key]:
-            self._emit(Span(ph, "talker", rid, a, b, pid, tid, int(o.frame_index), 0, attrs={"worker": True}))
+                    placed.append((ph, t, b, m))
+                t = b
+            self._worker_end[(pid, tid)] = t
+            layout[key] = (placed, end)
+        placed, end = layout[key]
+        p = float(o.prefill_ms or 0.0)
+        if p > 0:
+            a = next((a for ph, a, _, _ in placed if ph == "talker_forward"), placed[0][1] if placed else end)
+            self._emit(Span("prefill", "talker", rid, a, min(a + p / 1e3, end), pid, tid, 0, 0,
+                            attrs={"worker": True}))
+        for ph, a, b, m in placed if has_frame else ():
+            attrs = {"worker": True} if b - a >= m / 1e3 - 1e-9 else {"worker": True, "reported_ms": round(m, 3)}
+            self._emit(Span(ph, "talker", rid, a, b, pid, tid, int(o.frame_index), 0, attrs=attrs))
 
     def remote(self, spans: Iterable[Any], parent_id: int = -1) -> None:
         """Forward spans recorded elsewhere (dicts or ``Span``s with their own pid/tid, e.g. from

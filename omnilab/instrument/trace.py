@@ -8,7 +8,8 @@ Contract:
   covers and a parent span. Zero-length spans are instants (``deliver``).
 - A ``Trace`` holds spans plus thread/core/process samples (``omnilab.instrument.hooks.ThreadUsageHook``) and meta.
   ``metrics()`` derives per-request latency figures (definitions in ``request_metrics``); ``check()``
-  lists broken invariants; ``to_pandas`` / ``to_csv`` / ``to_parquet`` / ``to_perfetto`` export.
+  lists broken invariants; ``to_pandas`` / ``to_csv`` / ``to_parquet`` (with ``meta``; ``read_tables`` reads
+  them back) / ``to_perfetto`` export.
 """
 from __future__ import annotations
 
@@ -329,29 +330,25 @@ class Trace:
         return self.to_pandas("threads")
 
     def to_csv(self, directory: str | os.PathLike, prefix: str = "trace") -> list[Path]:
-        """Write ``<prefix>_spans.csv`` and, when sampled, ``_threads/_cores/_processes.csv``."""
-        return self._write(directory, prefix, "csv")
+        """Write ``<prefix>_spans.csv`` and, when sampled, ``_threads/_cores/_processes.csv``; each starts with
+        ``# key: <json>`` lines of ``meta`` (``omnilab.instrument.tables``; :meth:`read_tables` reads them back)."""
+        from omnilab.instrument.tables import write_trace
+
+        return write_trace(self, directory, prefix, "csv")
 
     def to_parquet(self, directory: str | os.PathLike, prefix: str = "trace") -> list[Path]:
-        """Same files as :meth:`to_csv` in Parquet (needs ``pyarrow`` or ``fastparquet``)."""
-        import importlib.util
+        """Same files as :meth:`to_csv` in Parquet, ``meta`` under the schema metadata key ``omnilab`` (needs
+        ``pyarrow``)."""
+        from omnilab.instrument.tables import write_trace
 
-        if not (importlib.util.find_spec("pyarrow") or importlib.util.find_spec("fastparquet")):
-            raise ImportError("to_parquet needs pyarrow or fastparquet: pip install pyarrow (or use to_csv)")
-        return self._write(directory, prefix, "parquet")
+        return write_trace(self, directory, prefix, "parquet")
 
-    def _write(self, directory, prefix: str, fmt: str) -> list[Path]:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        out = []
-        for kind in ("spans", "threads", "cores", "processes"):
-            df = self.to_pandas(kind)
-            if kind != "spans" and not len(df):
-                continue
-            p = d / f"{prefix}_{kind}.{fmt}"
-            df.to_csv(p, index=False) if fmt == "csv" else df.to_parquet(p, index=False)
-            out.append(p)
-        return out
+    @classmethod
+    def read_tables(cls, directory: str | os.PathLike, prefix: str = "trace") -> "Trace":
+        """The trace :meth:`to_csv` or :meth:`to_parquet` wrote, with its ``meta``."""
+        from omnilab.instrument.tables import read_trace
+
+        return cls.from_dict(read_trace(directory, prefix))
 
     def to_dict(self) -> dict[str, Any]:
         return {"spans": [s.to_dict() for s in self.spans], "thread_samples": self.thread_samples,
@@ -367,7 +364,8 @@ class Trace:
         """Trace Event JSON: one track per process/thread (``M`` name events), spans as ``X`` complete
         events (a batched step shared by several requests appears once, with all request ids),
         ``deliver`` as instants, each request as an async ``b``/``e`` track, thread CPU and per-core
-        utilisation as ``C`` counters. ``ts``/``dur`` in microseconds since ``t0_s``."""
+        utilisation as ``C`` counters. ``ts``/``dur`` in microseconds since ``t0_s``, whole nanoseconds, ``dur``
+        from the rounded end; on a track complete events nest or do not touch (rules: ``instrument.export``)."""
         from omnilab.instrument.export import chrome_trace_events
 
         return {"traceEvents": chrome_trace_events(self), "displayTimeUnit": "ms",

@@ -10,10 +10,15 @@
 - :mod:`omnilab.kernels.quant` / :mod:`omnilab.kernels.qgemv`: int8 / int4 weight-only quantized decode matrices
   (quantized at load: ``from_pretrained(quantization=)``, ``OMNILAB_QUANTIZATION``); :func:`linear` dispatches a
   ``QuantizedWeight`` to ``qlinear`` (``OMNILAB_CPU_QGEMV``).
+- :mod:`omnilab.kernels.norm`: the decoder's RMSNorm in one call per norm (``OMNILAB_CPU_NORM``);
+  :mod:`omnilab.kernels.attention`: one token's q/k norm, RoPE, cache write and attention per layer (``OMNILAB_CPU_ATTN``);
+  :mod:`omnilab.kernels.fuse`: q/k/v and gate/up read in one decode call each (``OMNILAB_FUSE_PROJECTIONS``).
 - :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
 - :mod:`omnilab.kernels.code2wav_dtype`: :func:`code2wav_dtype_choice`, bf16 conv-decoder GEMMs for code2wav where
   measured faster (``OMNILAB_CODE2WAV_DTYPE``).
 - :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
+- :mod:`omnilab.kernels.build` / :mod:`omnilab.kernels.trust`: the compiler cache, and loading a cached library only
+  when this user built it (owner, mode, the sha256 recorded at build time; docs/kernels.md#build-and-cache).
 
 - :mod:`omnilab.kernels.timing`: a cached timing of the linear paths on this machine, and the choice of bf16 decode
   rows and prefill GEMMs made from it (``OMNILAB_PLAN_TIMING``, ``OMNILAB_BF16_DECODE``, ``OMNILAB_PREFILL_GEMM``).

@@ -1,6 +1,6 @@
 """``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why, and
-how an fp32 talker's decode matrices would be stored, which quantized-GEMV kernel ``quantization=`` would use, and
-which SnakeBeta code2wav runs and in which dtype its conv decoder computes, the linear paths (bf16 decode rows,
+how an fp32 talker's decode matrices would be stored, which quantized-GEMV kernel ``quantization=`` would use, the
+decoder's RMSNorm and one-token attention, which SnakeBeta code2wav runs and in which dtype its conv decoder computes, the linear paths (bf16 decode rows,
 prefill GEMMs) and the talker dtype ``dtype="auto"`` gets, from the timing of this machine (``kernels.timing``)."""
 from omnilab.kernels import gemv_choice
 
@@ -24,6 +24,14 @@ if __name__ == "__main__":
     q = quantization_choice()
     print(f"quantization of this environment: {q.label} ({q.source})")
     print(f"  reason: {q.reason}")
+    from omnilab.kernels.norm import norm_choice
+    nc = norm_choice()
+    print(f"decoder RMSNorm: {nc.label} ({nc.source})")
+    print(f"  reason: {nc.reason}")
+    from omnilab.kernels.attention import attention_choice
+    ac = attention_choice()
+    print(f"decoder one-token attention: {ac.label} ({ac.source})")
+    print(f"  reason: {ac.reason}")
     from omnilab.kernels.snake import snake_choice
     s = snake_choice()
     print(f"code2wav SnakeBeta: {s.label} ({s.source})")

@@ -4,7 +4,10 @@
 else ``g++``, else ``c++``) into ``$OMNILAB_CACHE/kernels/<name>-<isa>-<hash>.so``; the hash covers the
 source, the flags and the compiler's version line, so an edited source or another compiler gets a new
 file. A file lock makes concurrent first uses (a notebook and vLLM's worker processes) build it once.
-Plain Python + subprocess: no torch extension machinery (a build takes about a second).
+The folder is this user's and private (0700); a cached file is used only when :mod:`omnilab.kernels.trust` vouches
+for it (owner, mode, the sha256 recorded beside it at build time), else a fresh private file is compiled over it
+(a folder of another user is refused with the reason). Plain Python + subprocess: no torch extension machinery
+(a build takes about a second).
 """
 from __future__ import annotations
 
@@ -13,20 +16,20 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 from omnilab.hardware_info import select_isa  # noqa: F401  (the ISA rule, plain: `omnilab plan` says it without torch)
+from omnilab.kernels.trust import KernelBuildError, check_dir, record_digest, untrusted_reason
 
 SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
-LINK_FLAGS = {"snake": ("-lmvec",)}  # per source: glibc's vector math (sinf) for the fused SnakeBeta
+LINK_FLAGS = {"snake": ("-lmvec",), "attn": ("-lmvec",)}  # per source: glibc's vector math (sinf, expf)
+# per source: the decode attention rounds each RoPE op as torch does (no a * b + c contracted into one FMA)
+SOURCE_FLAGS = {"attn": ("-ffp-contract=off",)}
 # per source and ISA: the quantized GEMV's avx512 build uses vpdpbusd (qgemv.py picks it only with avx512_vnni)
 SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni",)}
-
-
-class KernelBuildError(RuntimeError):
-    """The compiler is missing or failed; the message names the command and its output."""
 
 
 def find_compiler() -> str | None:
@@ -52,33 +55,42 @@ def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Pa
     if isa not in ISA_FLAGS:
         raise ValueError(f"unknown ISA {isa!r}; accepted: {', '.join(ISA_FLAGS)}")
     src = (SOURCE_DIR / f"{name}.cpp").read_bytes()
-    flags = COMMON_FLAGS + ISA_FLAGS[isa] + SOURCE_ISA_FLAGS.get((name, isa), ()) + LINK_FLAGS.get(name, ())
+    flags = (COMMON_FLAGS + ISA_FLAGS[isa] + SOURCE_ISA_FLAGS.get((name, isa), ()) + SOURCE_FLAGS.get(name, ())
+             + LINK_FLAGS.get(name, ()))
     digest = hashlib.sha256(src + " ".join(flags).encode() + _compiler_version(cxx).encode()).hexdigest()[:12]
     return (cache or cache_dir() / "kernels") / f"{name}-{isa}-{digest}.so"
 
 
 def build_library(name: str, isa: str, *, cxx: str | None = None, cache: Path | None = None) -> Path:
-    """Return the path of the compiled ``name`` kernels for ``isa``, compiling them if not cached."""
-    from omnilab.paths import file_lock
+    """Return the path of the compiled ``name`` kernels for ``isa``, compiling them if not cached (or if the cached
+    file fails the checks of :func:`omnilab.kernels.trust.untrusted_reason`: then a fresh private file replaces it)."""
+    from omnilab.paths import file_lock, private_dir
 
     cxx = cxx or find_compiler()
     if cxx is None:
         wanted = os.environ.get("CXX") or "g++ or c++"
         raise KernelBuildError(f"no C++ compiler found ({wanted} on PATH); install g++ or set CXX")
     out = library_path(name, isa, cxx, cache)
-    if out.is_file():
+    check_dir(private_dir(out.parent))
+    if untrusted_reason(out) is None:
         return out
     with file_lock(out.parent / ".lock"):
-        if out.is_file():  # another process built it while we waited
+        reason = untrusted_reason(out)
+        if reason is None:  # another process built it while we waited
             return out
+        if out.exists() and not reason.startswith("no digest recorded"):
+            warnings.warn(f"kernel library {out} not used ({reason}); compiling a fresh one", RuntimeWarning,
+                          stacklevel=2)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], *SOURCE_ISA_FLAGS.get((name, isa), ()),
-               str(SOURCE_DIR / f"{name}.cpp"), *LINK_FLAGS.get(name, ()), "-o", tmp]
+               *SOURCE_FLAGS.get(name, ()), str(SOURCE_DIR / f"{name}.cpp"), *LINK_FLAGS.get(name, ()), "-o", tmp]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if res.returncode != 0:
                 raise KernelBuildError(f"compiling {name}.cpp failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
+            os.chmod(tmp, 0o700)  # the linker creates its output with the umask's mode
+            record_digest(out, Path(tmp).read_bytes())  # the digest first: a reader never pairs it with an old file
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight
+from omnilab.kernels.trust import open_library, symbol
 
 ENV = "OMNILAB_CPU_GEMV"
 MODES = KERNEL_MODES
@@ -71,17 +72,19 @@ class GemvChoice:
 
 class _Lib:
     def __init__(self, path: Path):
-        self.lib = ctypes.CDLL(str(path))
-        fn = self.lib.omnilab_gemv_f32
+        self.path = Path(path)
+        self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
+        fn = symbol(self.lib, "omnilab_gemv_f32", path)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
         self.fn = fn
-        self.fn_bf16w = self.lib.omnilab_gemv_bf16w
+        self.fn_bf16w = symbol(self.lib, "omnilab_gemv_bf16w", path)
         self.fn_bf16w.argtypes = fn.argtypes
         self.fn_bf16w.restype = ctypes.c_int
-        self.lib.omnilab_gemv_isa.restype = ctypes.c_char_p
-        self.isa = self.lib.omnilab_gemv_isa().decode()
-        self.max_rows = int(self.lib.omnilab_gemv_max_rows())
+        isa = symbol(self.lib, "omnilab_gemv_isa", path)
+        isa.restype = ctypes.c_char_p
+        self.isa = isa().decode()
+        self.max_rows = int(symbol(self.lib, "omnilab_gemv_max_rows", path)())
 
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[GemvChoice, _Lib | None]:
@@ -92,7 +95,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
         return GemvChoice("torch", None, None, reason, source), None
     reason = (f"{reason}; {MIN_ROWS}-{MAX_ROWS} rows stream the weights once (MKL reads them at ~half "
               f"bandwidth there), 1-{MIN_ROWS - 1} rows and prefill stay on torch (MKL)")
-    return GemvChoice("omnilab", lib.isa, str(lib.lib._name), reason, source, MIN_ROWS,
+    return GemvChoice("omnilab", lib.isa, str(lib.path), reason, source, MIN_ROWS,
                       min(MAX_ROWS, lib.max_rows)), lib
 
 

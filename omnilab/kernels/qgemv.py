@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 from omnilab.kernels.quant import ROWS, QuantizedWeight, int8_act_reference
+from omnilab.kernels.trust import open_library, symbol
 
 ENV = "OMNILAB_CPU_QGEMV"
 MODES = KERNEL_MODES
@@ -77,14 +78,16 @@ class QgemvChoice:
 
 class _Lib:
     def __init__(self, path: Path):
-        self.lib = ctypes.CDLL(str(path))
-        fn = self.lib.omnilab_qgemv
+        self.path = Path(path)
+        self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
+        fn = symbol(self.lib, "omnilab_qgemv", path)
         fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int,
                                                                        ctypes.c_int]
         fn.restype = ctypes.c_int
         self.fn = fn
-        self.lib.omnilab_qgemv_isa.restype = ctypes.c_char_p
-        self.isa = self.lib.omnilab_qgemv_isa().decode()
+        isa = symbol(self.lib, "omnilab_qgemv_isa", path)
+        isa.restype = ctypes.c_char_p
+        self.isa = isa().decode()
 
 
 def _no_vnni(flags: frozenset[str]) -> bool:
@@ -112,7 +115,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     reason = (f"{reason}{note}; 1-{MAX_ROWS} rows stream the int8/int4 codes once ("
               f"{'vpdpbusd' if lib.isa == 'avx512' else 'vpmaddubsw'} for int8 activations), prefill: the kernel "
               f"over 16-row blocks up to {CHUNKED_MAX_ROWS} rows, torch GEMM over dequantized blocks beyond")
-    return QgemvChoice("omnilab", lib.isa, str(lib.lib._name), reason, source), lib
+    return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source), lib
 
 
 _SLOT = KernelSlot(resolve)

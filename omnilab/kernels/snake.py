@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
+from omnilab.kernels.trust import open_library, symbol
 
 ENV = "OMNILAB_CPU_SNAKE"
 MODES = KERNEL_MODES
@@ -48,13 +49,15 @@ class SnakeChoice:
 
 class _Lib:
     def __init__(self, path: Path):
-        self.lib = ctypes.CDLL(str(path))
-        fn = self.lib.omnilab_snake
+        self.path = Path(path)
+        self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
+        fn = symbol(self.lib, "omnilab_snake", path)
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fn.restype = ctypes.c_int
         self.fn = fn
-        self.lib.omnilab_snake_isa.restype = ctypes.c_char_p
-        self.isa = self.lib.omnilab_snake_isa().decode()
+        isa = symbol(self.lib, "omnilab_snake_isa", path)
+        isa.restype = ctypes.c_char_p
+        self.isa = isa().decode()
 
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[SnakeChoice, _Lib | None]:
@@ -64,7 +67,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     if lib is None:
         return SnakeChoice("torch", None, None, reason, source), None
     reason = f"{reason}; one pass with glibc's vector sinf instead of torch's four"
-    return SnakeChoice("omnilab", lib.isa, str(lib.lib._name), reason, source), lib
+    return SnakeChoice("omnilab", lib.isa, str(lib.path), reason, source), lib
 
 
 _SLOT = KernelSlot(resolve)

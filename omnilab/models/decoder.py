@@ -20,6 +20,9 @@ from torch import nn
 
 from omnilab.config import DecoderLMConfig
 from omnilab.kernels import linear
+from omnilab.kernels.attention import decode_attention
+from omnilab.kernels.fuse import FusedProjection
+from omnilab.kernels.norm import rms_norm  # the kernel (one call per norm) or the reference's ops
 from omnilab.models.layers import Linear, RMSNorm, SwiGLU
 
 
@@ -132,12 +135,6 @@ class RopeTable:
         return cos[None, start:start + length], sin[None, start:start + length]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Same ops as :class:`omnilab.models.layers.RMSNorm` (fp32 statistics, weight applied after the cast)."""
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
 
 
 Caches = KVCache | Sequence[KVCache] | None
@@ -158,6 +155,16 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
+        self._qkv = FusedProjection()  # q/k/v in one kernel call at decode (omnilab.kernels.fuse)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` [..., H] -> q [..., Hq*D], k, v [..., Hkv*D]: one fused kernel call where the decode kernels
+        take it (bitwise the separate calls), else one linear each."""
+        qkv = self._qkv(x, (self.q_proj, self.k_proj, self.v_proj))
+        if qkv is not None:
+            return qkv
+        return (linear(x, self.q_proj.weight, self.q_proj.bias), linear(x, self.k_proj.weight, self.k_proj.bias),
+                linear(x, self.v_proj.weight, self.v_proj.bias))
 
     def _qk_weight(self) -> torch.Tensor:
         """q_norm and k_norm weights stacked per head ``[Hq + Hkv, D]`` (rebuilt when they change)."""
@@ -176,9 +183,15 @@ class Attention(nn.Module):
         exactly the reference's operations, in fewer kernel launches."""
         b, t, _ = x.shape
         hq, d = self.num_heads, self.head_dim
-        q = linear(x, self.q_proj.weight, self.q_proj.bias).view(b, t, hq, d)
-        k = linear(x, self.k_proj.weight, self.k_proj.bias).view(b, t, self.num_kv_heads, d)
-        v = linear(x, self.v_proj.weight, self.v_proj.bias).view(b, t, -1, d).transpose(1, 2)
+        mods = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = self._qkv.output(x, mods)  # [B, T, (Hq + 2 Hkv) * D] from one kernel call, or None
+        if qkv is not None and t == 1 and caches is not None:  # one token per row: omnilab.kernels.attention
+            out = self._decode(qkv, cos, sin_signed, layer, caches)
+            if out is not None:
+                return linear(out, self.o_proj.weight, self.o_proj.bias)
+        q, k, v = qkv.split(self._qkv.sizes, dim=-1) if qkv is not None else self.project(x)
+        q, k = q.view(b, t, hq, d), k.view(b, t, self.num_kv_heads, d)
+        v = v.view(b, t, -1, d).transpose(1, 2)
         qk = rms_norm(torch.cat([q, k], dim=2), self._qk_weight(), self.q_norm.eps)  # [B, T, Hq+Hkv, D]
         qk = qk * cos[:, :, None] + torch.roll(qk, d // 2, dims=-1) * sin_signed[:, :, None]
         q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)  # [B, heads, T, D]
@@ -197,6 +210,20 @@ class Attention(nn.Module):
             out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
         out = out.transpose(1, 2).reshape(b, t, -1)  # [B, T, Hq*D]
         return linear(out, self.o_proj.weight, self.o_proj.bias)
+
+    def _decode(self, qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, layer: int,
+                caches: KVCache | Sequence[KVCache]) -> torch.Tensor | None:
+        """The one-token attention kernel over the fused ``qkv`` [B, 1, N]: writes k/v into the caches at their
+        lengths and returns [B, 1, Hq*D], or None where the kernel does not apply."""
+        if isinstance(caches, KVCache):
+            kb, vb = caches.k[layer], caches.v[layer]  # [B, Hkv, cap, D]
+            k_bufs, v_bufs = [kb[i] for i in range(kb.shape[0])], [vb[i] for i in range(vb.shape[0])]
+            positions = [caches.length] * kb.shape[0]
+        else:
+            k_bufs, v_bufs = [c.k[layer][0] for c in caches], [c.v[layer][0] for c in caches]
+            positions = [c.length for c in caches]
+        return decode_attention(qkv, self._qk_weight(), self.q_norm.eps, cos, sin_signed, k_bufs, v_bufs, positions,
+                                self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         t, s = q.shape[2], k.shape[2]
@@ -223,10 +250,7 @@ class DecoderLayer(nn.Module):
         # Functional calls (no nn.Module __call__): the per-op overhead matters at batch 1.
         ln1, ln2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
         x = x + self.self_attn.forward(rms_norm(x, ln1.weight, ln1.eps), cos, sin_signed, layer, caches)
-        h = rms_norm(x, ln2.weight, ln2.eps)
-        gate = F.silu(linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
-        return x + linear(gate * linear(h, mlp.up_proj.weight, mlp.up_proj.bias),
-                            mlp.down_proj.weight, mlp.down_proj.bias)
+        return x + mlp.forward(rms_norm(x, ln2.weight, ln2.eps))
 
 
 def run_stack(layers: nn.ModuleList, norm: RMSNorm, rope: RopeTable, x: torch.Tensor, caches: Caches) -> torch.Tensor:

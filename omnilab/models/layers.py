@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnilab.kernels import linear
+from omnilab.kernels.fuse import FusedProjection
+from omnilab.kernels.norm import rms_norm
 
 
 class Linear(nn.Linear):
@@ -28,10 +30,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)  # omnilab.kernels.norm: one kernel call, or the reference's ops
 
 
 class SwiGLU(nn.Module):
@@ -42,9 +41,15 @@ class SwiGLU(nn.Module):
         self.gate_proj = Linear(hidden, inter, bias=bias)
         self.up_proj = Linear(hidden, inter, bias=bias)
         self.down_proj = Linear(inter, hidden, bias=bias)
+        self._gate_up = FusedProjection()  # gate/up in one kernel call at decode (omnilab.kernels.fuse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # Functional calls (no nn.Module __call__): the per-op overhead matters at batch 1.
+        gu = self._gate_up(x, (self.gate_proj, self.up_proj))
+        gate, up = gu if gu is not None else (linear(x, self.gate_proj.weight, self.gate_proj.bias),
+                                              linear(x, self.up_proj.weight, self.up_proj.bias))
+        down = self.down_proj
+        return linear(F.silu(gate) * up, down.weight, down.bias)
 
 
 class RotaryEmbedding(nn.Module):

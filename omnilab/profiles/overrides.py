@@ -111,11 +111,12 @@ def _dtype(v: Any, where: str) -> str:
 
 def _gib(v: Any, where: str) -> int:
     try:
-        g = float(v)
+        g = float(v) if not isinstance(v, bool) else -1.0
     except (TypeError, ValueError):
         g = -1.0
-    if not g > 0:
-        raise ConfigError(f"{where}={v!r}: expected a positive number of GiB")
+    if not 0 < g < 1 << 20:  # NaN, inf and negatives fail here (a PiB of KV cache is no budget either)
+        raise ConfigError(f"{where}={v!r}: expected a positive, finite number of GiB (below 1048576), e.g. '4' or "
+                          f"'0.5'")
     return int(round(g * GiB))
 
 

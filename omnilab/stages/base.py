@@ -2,7 +2,8 @@
 
 Contract:
 - ``FrameOutput``: one request's result of one talker step (codes ``[16]`` or None, finish state, seed, the
-  step's phase times in ms, and where the step ran: ``worker_pid``/``worker_tid`` for a worker process).
+  step's phase times in ms, and where the step ran: ``worker_pid``/``worker_tid`` for a worker process, with
+  ``worker_start_s``/``worker_end_s`` on that worker's clock, the host's CLOCK_MONOTONIC).
 - ``TalkerStage`` and ``Code2WavStageProtocol`` (typing Protocols) list the methods the pipeline calls; the
   eager, vLLM in-process and worker stages implement all of them (in-process stages report no processes and
   no remote spans), so the pipeline never probes a stage with ``getattr``.
@@ -37,6 +38,10 @@ class FrameOutput:
     sampling_ms: float = 0.0         # talker + sub-talker sampling (sub-talker part is inside predictor_ms)
     worker_pid: int | None = None    # process and thread that ran the step (None: this thread)
     worker_tid: int | None = None
+    # When that worker began and ended this step, on its perf_counter (CLOCK_MONOTONIC: the client's clock
+    # too); None: not reported (the recorder then lays the phases out to end when the client received them).
+    worker_start_s: float | None = None
+    worker_end_s: float | None = None
     spans: tuple = ()                # span dicts a worker reports with this frame (omnilab.instrument)
 
 

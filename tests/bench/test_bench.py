@@ -20,10 +20,9 @@ def _bench(argv: list[str], capsys) -> tuple[dict, list[str]]:
     """Run ``omnilab bench argv``; returns (the JSON it wrote, stdout lines)."""
     assert bench.bench_main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    last = json.loads(out[-1])  # the last line: the JSON's path and the command line
-    assert last["command"] == "omnilab bench " + shlex.join(argv)
-    d = json.loads(Path(last["json"]).read_text())
-    assert d["command"] == last["command"]
+    assert out[-1].startswith("results: ")  # the last line: one line, the JSON's path (no JSON on the terminal)
+    d = json.loads(Path(out[-1][len("results: "):]).read_text())
+    assert d["command"] == "omnilab bench " + shlex.join(argv)  # the command line is in the file
     return d, out
 
 
@@ -131,6 +130,9 @@ def test_config_env_sets_modifiers_and_restores_the_environment(monkeypatch):
     (["--interleave", "3", "--backends", "eager,vllm"], {"mode": "interleave", "rounds": 3}),
     (["--compile", "on", "--no-floor", "--chunks", "profile", "--reference", "off"],
      {"compile_talker": True, "floor": False, "chunks": (), "reference": "off"}),
+    (["--variant", "base", "--ref-text", "Hi.", "--deploy-profile", "auto"],
+     {"variant": "base", "ref_text": "Hi.", "ref_audio": None, "deploy_profile": "auto"}),
+    ([], {"variant": "custom_voice", "deploy_profile": None, "instruct": be.DEFAULT_INSTRUCT}),
     (["--chunks", "1,2,4,25", "--concurrency", "1,2,4", "--requests", "6", "--talker-cpus", "0", "--code2wav-cpus", "1",
       "--code2wav-chunks", "--sample", "--wait-flag-pct", "5"],
      {"chunks": (1, 2, 4, 25), "concurrency": (1, 2, 4), "requests": 6, "talker_cpus": (0,), "code2wav_cpus": (1,),
@@ -149,6 +151,7 @@ def test_cli_parses_every_mode(argv, expect):
     (["--configs", "eager,bogus"], "unknown base 'bogus'"),
     (["--concurrency", "0"], "concurrency"),
     (["--chunks", "25"], "FIRST,"),
+    (["--rebuild"], "goes with --interleave"),
 ])
 def test_cli_refuses_bad_arguments_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -373,3 +376,67 @@ def test_quantization_and_dtype_rows_carry_points_and_fidelity(tiny_ckpt, tmp_pa
     assert ref["c0_agreement"] == 1.0 and ref["cp_agreement"] == 1.0 and ref["c0_kl_mean"] < 1e-6
     header = next(line for line in out if line.startswith("config "))  # the table's header line
     assert "c0 agree" in header and "decode GB/s" in header and "wave SNR dB" in header
+
+
+def test_voice_design_and_base_checkpoints_are_benched(tiny_ckpt, tmp_path, capsys):
+    """VoiceDesign requests take the default --instruct (here through the vm-2core deploy profile); Base requests
+    clone the generated reference clip; both end with the one-line path of the JSON."""
+    common = ["--configs", "eager", "--concurrency", "1", "--no-floor", "--out", str(tmp_path), *FAST]
+    d, out = _bench(["--model", str(tiny_ckpt("voice_design")), "--deploy-profile", "vm-2core", "--name", "vd",
+                     *common], capsys)
+    (row,) = d["rows"]
+    assert row["variant"] == "voice_design" and row["deploy_profile"] == "vm-2core" and row["step_ms"] > 0
+    assert d["meta"]["settings"]["instruct"] == be.DEFAULT_INSTRUCT
+    assert out[-1] == f"results: {tmp_path / 'vd.json'}" and not any(ln.startswith("{") for ln in out)
+    d, _ = _bench(["--model", str(tiny_ckpt("base")), "--name", "base", *common], capsys)
+    (row,) = d["rows"]
+    assert row["variant"] == "base" and row["deploy_profile"] is None and row["step_ms"] > 0
+    assert all(q["frames"] >= 1 for q in d["requests"])
+    wav, sr = be.reference_clip()
+    assert sr == 24000 and wav.shape == (36000,) and 0.1 < float(abs(wav).max()) < 1.0
+
+
+def test_request_voice_per_variant():
+    from omnilab.config import Qwen3TTSConfig
+    from omnilab.checkpoint.configs import config_json
+
+    s = bench.BenchConfig(ref_text="A reference.", instruct="Low and slow.")
+    cfgs = {v: Qwen3TTSConfig.from_dict(json.loads(config_json("tiny", v, None)))
+            for v in ("custom_voice", "voice_design", "base")}
+    assert be.voice_kwargs(cfgs["custom_voice"], s) == {"speaker": "vivian"}
+    assert be.voice_kwargs(cfgs["voice_design"], s) == {"instruct": "Low and slow."}
+    base = be.voice_kwargs(cfgs["base"], s)
+    assert base["ref_text"] == "A reference." and base["ref_audio"][1] == 24000
+    assert be.voice_kwargs(cfgs["base"], bench.BenchConfig(ref_audio="ref.wav")) == {"ref_audio": "ref.wav"}
+    with pytest.raises(ValueError, match="variant='bass'; accepted: custom_voice, voice_design, base"):
+        bench.BenchConfig(variant="bass")
+
+
+def test_rebuild_interleaves_with_one_configuration_in_memory_at_a_time(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    """--interleave N --rebuild: the same rounds and rows, each configuration built for its turn and closed after
+    it (no two pipelines alive at once), init_s from every build; --rebuild without --interleave is refused."""
+    from omnilab.pipeline import Pipeline
+
+    live, most = [0], [0]
+    real_init, real_close = Pipeline.__init__, Pipeline.close
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        live[0] += 1
+        most[0] = max(most[0], live[0])
+
+    def close(self):
+        if not getattr(self, "_bench_closed", False):
+            self._bench_closed = True
+            live[0] -= 1
+        return real_close(self)
+
+    monkeypatch.setattr(Pipeline, "__init__", init)
+    monkeypatch.setattr(Pipeline, "close", close)
+    argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "eager,eager+torch-gemv", "--interleave", "2",
+            "--rebuild", "--concurrency", "1", "--no-floor", "--fidelity", "off", "--out", str(tmp_path), *FAST]
+    d, _ = _bench(argv, capsys)
+    assert [r["order"] for r in d["rounds"]] == [["eager", "eager+torch-gemv"], ["eager+torch-gemv", "eager"]]
+    assert [r["config"] for r in d["rows"]] == ["eager", "eager+torch-gemv"] and all(r["runs"] == 2 for r in d["rows"])
+    assert most[0] == 1 and live[0] == 0 and all(r["init_s"] > 0 for r in d["rows"])
+    assert d["rows"][1]["gemv"].startswith("torch") and "--rebuild" in " ".join(d["meta"]["notes"])

@@ -99,18 +99,63 @@ def test_html_reprs(streamed):
     assert "ttfa_ms" in html and "Trace(" in repr(res.trace)
 
 
-def test_live_player_fills_per_chunk(tiny_pipe):
-    pytest.importorskip("ipywidgets")
-    res = D.live_stream(tiny_pipe, "Live and loud.", display_panel=False, **KW)
-    assert isinstance(res, SynthesisResult) and res.trace is not None and res.num_frames > 0
-    p = D.LivePlayer()
-    chunks = list(tiny_pipe.stream("Again.", **KW))
-    for c in chunks:
-        p.update(c)
-        assert p._audio.value[:4] == b"RIFF" and not p._audio.loop
-        assert p._plot.value[:4] == b"\x89PNG"  # the plot is redrawn per chunk
-    with wave.open(io.BytesIO(p._audio.value)) as w:
-        assert w.getnframes() == sum(len(c.audio) for c in chunks)
+def _inside(ax, legend) -> bool:
+    """Whether the legend's box overlaps the axes' data area (in display pixels)."""
+    ax.figure.canvas.draw()
+    a, b = ax.get_window_extent(), legend.get_window_extent()
+    return b.x0 < a.x1 - 1 and b.x1 > a.x0 + 1 and b.y0 < a.y1 - 1 and b.y1 > a.y0 + 1
+
+
+@pytest.mark.parametrize("fn", [D.plot_timeline, D.plot_step_latency, D.plot_cpu_share, D.plot_playback])
+def test_legends_sit_off_the_data(streamed, fn):
+    ax = fn(streamed[1])
+    assert ax.get_legend() is not None and not _inside(ax, ax.get_legend())
+
+
+def test_waveform_and_spectrogram_say_their_units(streamed):
+    _, res = streamed
+    ax = D.plot_waveform(res)
+    assert ax.get_ylabel() == "amplitude" and "s" in ax.get_xlabel()
+    ax = D.plot_spectrogram(res)
+    bars = [a for a in ax.figure.axes if a is not ax]
+    assert len(bars) == 1 and bars[0].get_ylabel() == "dB"  # the dB colourbar
+    axes = D.plot_audio(res)
+    assert [a.get_ylabel() for a in axes[0].figure.axes] == ["amplitude", "kHz", "dB"]
+    axes[0].figure.canvas.draw()
+    w0, w1 = (a.get_window_extent().width for a in axes)
+    assert abs(w0 - w1) < 1  # one colourbar for both rows: the waveform stays as wide as the spectrogram
+
+
+def test_bench_colours_stay_per_backend_and_ticks_are_integers():
+    import pandas as pd
+
+    df = pd.DataFrame({"backend": ["eager", "eager", "vllm", "vllm", "vllm-workers", "vllm-workers"],
+                       "concurrency": [1, 4, 1, 4, 1, 4], "ttfa_ms_p50": [10.0, 20, 30, 40, 50, 60]})
+    colors = D.backend_colors(df["backend"])
+    one = D.plot_bench(df, colors=colors)
+    two = D.plot_bench(df[df["backend"] != "eager"], colors=colors)  # a row where a backend is missing
+    got = [{ln.get_label(): ln.get_color() for ln in ax.get_lines()} for ax in (one, two)]
+    assert got[0]["vllm"] == got[1]["vllm"] == colors["vllm"] and got[0]["vllm-workers"] == got[1]["vllm-workers"]
+    assert len(set(got[0].values())) == 3
+    assert [t.get_text() for t in one.get_xticklabels()] == ["1", "4"]
+
+
+def test_pipeline_and_summary_render_as_tables(tiny_pipe, streamed):
+    html = tiny_pipe._repr_html_()
+    for what in ("checkpoint", "variant", "backend", "deploy", "dtype", "threads", "eager", "float32",
+                 str(tiny_pipe.model.path)):
+        assert what in html, what
+    assert repr(tiny_pipe).startswith("Pipeline(tiny custom_voice,") and "backend='eager'" in repr(tiny_pipe)
+    assert "tiny custom_voice" in html and "0b6" not in html  # the tiny checkpoint is named by its geometry
+    s = streamed[1].summary()
+    assert "<table>" in s._repr_html_() and s["frames"] == streamed[1].num_frames
+
+
+def test_metric_tables_show_rounded_numbers(streamed):
+    import re
+
+    html = streamed[1]._repr_html_() + streamed[1].trace._repr_html_()
+    assert not re.search(r"\d\.\d{5,}", html), "a table shows a float with 5+ decimals"
 
 
 def test_import_display_stays_light():

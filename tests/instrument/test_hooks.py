@@ -94,7 +94,8 @@ def test_recorder_lays_out_phases_inside_the_step():
 
 def test_recorder_keep_open_and_worker_pid():
     rec = Recorder()
-    rec.begin("a", clock(), auto_end=True)
+    t_admit, cpu = clock()
+    rec.begin("a", (t_admit - 0.01, cpu), auto_end=True)  # admitted 10 ms ago: room for the worker's 2 ms
     rec.keep_open("a")
     out = FrameOutput("a", 0, torch.zeros(16, dtype=torch.long), True, "eos", 0, predictor_ms=1.0, talker_ms=1.0,
                       worker_pid=4242, worker_tid=4243)
@@ -104,8 +105,10 @@ def test_recorder_keep_open_and_worker_pid():
     ph = {s.name: s for s in tr.spans if s.pid == 4242}
     assert {"code_predictor", "talker_forward"} <= set(ph) and ph["code_predictor"].tid == 4243
     step = next(s for s in tr.spans if s.name == "step")
-    # a worker's phases keep their reported durations and end when the client got the frame
-    assert ph["code_predictor"].duration_ms == pytest.approx(1.0) and ph["talker_forward"].end_s == pytest.approx(step.end_s)
+    # a worker that reports no start: its phases keep their reported durations, one after another, and the
+    # last ends when the client got the frame
+    assert ph["code_predictor"].duration_ms == pytest.approx(1.0) and ph["talker_forward"].duration_ms == pytest.approx(1.0)
+    assert ph["talker_forward"].end_s == ph["code_predictor"].start_s and ph["code_predictor"].end_s == step.end_s
     assert tr.request_metrics()["talker_compute_ms_per_frame"] == pytest.approx(2.0)
     assert rec.end("a") is None  # ending twice is a no-op
 
@@ -156,7 +159,7 @@ class _FakeBar:
     """Stands in for ``tqdm.auto.tqdm``: records what the hook tells the bar."""
     made: list["_FakeBar"] = []
 
-    def __init__(self, total=None, desc="", unit="", leave=True):
+    def __init__(self, total=None, desc="", unit="", leave=True, **kw):  # kw: delay, disable (instrument/progress.py)
         self.total, self.desc, self.unit, self.n, self.updates, self.closed = total, desc, unit, 0, [], False
         _FakeBar.made.append(self)
 

@@ -10,6 +10,7 @@ import pytest
 
 from omnilab.instrument.hooks import Hooks, ThreadUsageHook, TimingHook
 from omnilab.instrument.recorder import Recorder
+from omnilab.instrument.tables import read_table
 from omnilab.instrument.trace import (SPAN_COLUMNS, Span, SpanBuffer, Trace, playback_start_ms, request_metrics, rtf,
                            stall_ms, x_realtime)
 
@@ -195,8 +196,9 @@ def test_to_pandas_columns_and_dtypes(sampled_trace):
 def test_csv_and_dict_round_trip(sampled_trace, tmp_path):
     paths = sampled_trace.to_csv(tmp_path)
     assert {p.name for p in paths} >= {"trace_spans.csv", "trace_threads.csv", "trace_cores.csv"}
-    back = pd.read_csv(tmp_path / "trace_spans.csv")
+    back = read_table(tmp_path / "trace_spans.csv")  # after its '# key: value' metadata lines
     assert tuple(back.columns) == SPAN_COLUMNS and len(back) == len(sampled_trace.spans)
+    assert back.attrs["omnilab"]["backend"] == "eager" and back.attrs["omnilab"]["table"] == "spans"
     again = Trace.from_dict(json.loads(json.dumps(sampled_trace.to_dict())))
     assert again.metrics().equals(sampled_trace.metrics()) and again.check() == []
 
@@ -204,7 +206,7 @@ def test_csv_and_dict_round_trip(sampled_trace, tmp_path):
 def test_parquet_export(sampled_trace, tmp_path):
     pytest.importorskip("pyarrow")
     paths = sampled_trace.to_parquet(tmp_path)
-    assert len(pd.read_parquet(paths[0])) == len(sampled_trace.spans)
+    assert len(pd.read_parquet(paths[0])) == len(sampled_trace.spans)  # plain pandas reads it as is
 
 
 def _check_trace_events(doc: dict) -> list[dict]:

@@ -24,18 +24,15 @@ from typing import Any, Hashable
 import numpy as np
 import torch
 
-from omnilab.config import NUM_CODE_GROUPS, SAMPLES_PER_FRAME
+from omnilab.config import CODEBOOK_SIZE, SAMPLES_PER_FRAME
 from omnilab.errors import InputError
 from omnilab.models.code2wav import Code2Wav
+from omnilab.stages.code2wav.codes import codes_array
 
 
-def _as_codes(codes, name: str = "codes") -> torch.Tensor:
-    """[T, 16] array-like -> LongTensor [1, 16, T]."""
-    t = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes)
-    if t.dim() != 2 or t.shape[1] != NUM_CODE_GROUPS or t.is_floating_point():
-        raise InputError(f"{name} must be an integer array [frames, {NUM_CODE_GROUPS}]; got "
-                         f"{tuple(t.shape)} {t.dtype}")
-    return t.long().T[None].contiguous()
+def _as_codes(codes, name: str = "codes", codebook_size: int = CODEBOOK_SIZE) -> torch.Tensor:
+    """[T, 16] array-like -> LongTensor [1, 16, T] (``InputError`` for anything else: stages/code2wav/codes.py)."""
+    return torch.from_numpy(codes_array(codes, name, codebook_size)).T[None].contiguous()
 
 
 class Code2WavSession:
@@ -49,7 +46,7 @@ class Code2WavSession:
         self.decode_ms: list[float] = []
         if prefix_codes is not None and len(prefix_codes):
             with stage.threads_context():
-                stage.decoder.decode_chunk(self.state, _as_codes(prefix_codes, "prefix_codes"))
+                stage.decoder.decode_chunk(self.state, _as_codes(prefix_codes, "prefix_codes", stage.codebook_size))
 
     @property
     def closed(self) -> bool:
@@ -58,7 +55,7 @@ class Code2WavSession:
     def push(self, codes) -> np.ndarray:
         if self.state is None:
             raise InputError(f"code2wav session {self.request_id!r} is closed")
-        c = _as_codes(codes)
+        c = _as_codes(codes, "codes", self.stage.codebook_size)
         if c.shape[-1] == 0:
             return np.zeros(0, dtype=np.float32)
         t0 = time.perf_counter()
@@ -105,6 +102,10 @@ class Code2WavStage:
         finally:
             torch.set_num_threads(before)
 
+    @property
+    def codebook_size(self) -> int:
+        return int(self.decoder.cfg.codebook_size)
+
     def processes(self) -> dict[int, str]:
         return {}  # runs in this process
 
@@ -119,10 +120,10 @@ class Code2WavStage:
 
     def decode(self, codes, prefix_codes=None) -> np.ndarray:
         """Whole-utterance decode of ``codes [T, 16]`` -> float32 audio ``[T * 1920]``."""
-        c = _as_codes(codes)
+        c = _as_codes(codes, "codes", self.codebook_size)
         n_prefix = 0
         if prefix_codes is not None and len(prefix_codes):
-            p = _as_codes(prefix_codes, "prefix_codes")
+            p = _as_codes(prefix_codes, "prefix_codes", self.codebook_size)
             n_prefix = p.shape[-1]
             c = torch.cat([p, c], dim=-1)
         if c.shape[-1] == 0:

@@ -17,7 +17,11 @@ Contract:
   ``hop_out_ms`` are the pipe latencies, ``decode_ms`` the decoder time, ``batch`` the chunks decoded
   together.
 - A worker that dies raises :class:`~omnilab.errors.WorkerError` in the caller within ``poll_s`` (0.2 s)
-  of the death, never a hang. ``close()`` (also a finalizer) stops the process.
+  of the death, never a hang; one that does not answer (stopped, frozen) raises it after ``timeout_s``
+  (``OMNILAB_WORKER_TIMEOUT_S``, default 120 s; :mod:`omnilab.stages.lifecycle`), naming the worker, the wait
+  and the timeout. The process dies with its client (parent-death signal, a pid watch, EOF on the pipe).
+  Spawned from a script without a ``__main__`` guard, it is a ``WorkerError`` saying so.
+  ``close()`` (also a finalizer) stops the process.
 Messages are pickled over a ``multiprocessing`` pipe (chunks are at most a few hundred KB).
 The process side (``_worker_main``, the spawn target) lives in
 ``omnilab.stages.code2wav.worker_proc``.
@@ -37,10 +41,11 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from omnilab.errors import InputError, WorkerError
+from omnilab.stages import lifecycle
 from omnilab.stages._env import temporary_environ
+from omnilab.stages.code2wav.codes import codes_array
 from omnilab.stages.code2wav.worker_proc import _GATHER_S, _handle, _info, _worker_main  # noqa: F401
 
-_START_TIMEOUT_S = 300.0
 _OFFLINE = "__offline_decode__"
 
 
@@ -70,7 +75,8 @@ class RemoteCode2WavSession:
         self.frames_done = 0
         self.decode_ms: list[float] = []
         self.closed = False
-        worker._send(("open", request_id, None if prefix_codes is None else np.asarray(prefix_codes)))
+        prefix = None if prefix_codes is None or not len(prefix_codes) else codes_array(prefix_codes, "prefix_codes")
+        worker._send(("open", request_id, prefix))
 
     def take_spans(self) -> list[dict[str, Any]]:
         """Spans of this session's decoded chunks (hop in, decode in the worker, hop out) since last call."""
@@ -79,9 +85,7 @@ class RemoteCode2WavSession:
     def submit(self, codes) -> int:
         if self.closed:
             raise InputError(f"code2wav session {self.request_id!r} is closed")
-        codes = np.asarray(codes)
-        if codes.ndim != 2 or codes.shape[1] != 16 or codes.dtype.kind not in "iu":
-            raise InputError(f"codes must be an integer array [frames, 16]; got {codes.shape} {codes.dtype}")
+        codes = codes_array(codes)  # refused here, before it reaches the worker
         seq = next(self.worker._seq)
         self.worker._frames[(self.request_id, seq)] = (self.frames_done, codes.shape[0])
         self.worker._send(("push", self.request_id, seq, codes.astype(np.int64), time.perf_counter()))
@@ -121,7 +125,12 @@ class Code2WavWorker:
     backend = "process"
 
     def __init__(self, checkpoint: str | os.PathLike, *, cpus: Sequence[int] | None = None, threads: int | None = None,
-                 poll_s: float = 0.2, env: dict[str, str] | None = None, dtype: Any = None):
+                 poll_s: float = 0.2, env: dict[str, str] | None = None, dtype: Any = None,
+                 timeout_s: float | None = None):
+        self.timeout_s = lifecycle.worker_timeout_s() if timeout_s is None else float(timeout_s)
+        lifecycle.check_spawnable("code2wav worker")
+        self._spawn_kwargs = dict(checkpoint=checkpoint, cpus=cpus, threads=threads, poll_s=poll_s, env=env,
+                                  dtype=dtype, timeout_s=timeout_s)
         cpus = tuple(int(c) for c in cpus) if cpus else None
         threads = int(threads or (len(cpus) if cpus else 1))
         self.cpus, self.threads, self.poll_s = cpus, threads, poll_s
@@ -146,12 +155,17 @@ class Code2WavWorker:
             env.update(OMP_PLACES="{" + "},{".join(map(str, cpus)) + "}", OMP_PROC_BIND="true")
         t0 = time.perf_counter()
         with temporary_environ(env):
-            self.proc = ctx.Process(target=_worker_main, args=(child, str(checkpoint), cpus, threads, name),
+            self.proc = ctx.Process(target=_worker_main, args=(child, str(checkpoint), cpus, threads, name,
+                                                               lifecycle.parent_token()),
                                     name="omnilab-code2wav", daemon=True)
             self.proc.start()
         child.close()
         self._finalizer = weakref.finalize(self, _stop, self.proc, self._conn)
-        msg = self._recv(timeout=_START_TIMEOUT_S)
+        try:
+            msg = self._recv(max(lifecycle.START_TIMEOUT_S, self.timeout_s), "its start (loading the decoder)")
+        except WorkerError:
+            self._finalizer()
+            raise
         if msg[0] != "ready":
             raise WorkerError(f"code2wav worker failed to start: {msg}")
         self.init_s = time.perf_counter() - t0
@@ -162,18 +176,31 @@ class Code2WavWorker:
     def alive(self) -> bool:
         return self._finalizer.alive and self.proc.is_alive()
 
+    @property
+    def _name(self) -> str:
+        return f"the code2wav worker (pid {self.proc.pid})"
+
+    def _exited(self) -> WorkerError:
+        code = self.proc.exitcode
+        if code == lifecycle.MAIN_GUARD_EXIT_CODE:
+            return lifecycle.main_guard_error("code2wav worker")
+        return WorkerError(f"{self._name} exited with code {code}")
+
     def _send(self, msg) -> None:
         if not self._finalizer.alive:
             raise InputError("the code2wav worker is closed")
         if not self.proc.is_alive():
-            raise WorkerError(f"the code2wav worker (pid {self.proc.pid}) exited with code {self.proc.exitcode}")
+            raise self._exited()
         try:
             self._conn.send(msg)
         except (BrokenPipeError, OSError) as e:
             raise WorkerError(f"the code2wav worker (pid {self.proc.pid}) is gone: {e}") from None
 
-    def _recv(self, timeout: float | None = None):
-        deadline = None if timeout is None else time.perf_counter() + timeout
+    def _recv(self, timeout: float | None = None, wait: str = "a message"):
+        """The next message; WorkerError if the worker exits or sends nothing for ``timeout`` s (None:
+        ``self.timeout_s``)."""
+        timeout = self.timeout_s if timeout is None else timeout
+        deadline = time.perf_counter() + timeout
         while True:
             try:
                 if self._conn.poll(self.poll_s):
@@ -181,9 +208,10 @@ class Code2WavWorker:
             except (EOFError, OSError):
                 pass
             if not self.proc.is_alive():
-                raise WorkerError(f"the code2wav worker (pid {self.proc.pid}) exited with code {self.proc.exitcode}")
-            if deadline is not None and time.perf_counter() > deadline:
-                raise WorkerError(f"the code2wav worker (pid {self.proc.pid}) did not answer in {timeout:.0f} s")
+                self.proc.join(1.0)  # the exit code is set once the process is reaped
+                raise self._exited()
+            if time.perf_counter() > deadline:
+                raise lifecycle.timeout_error(self._name, wait, timeout)
 
     def _file(self, msg) -> ChunkResult | None:
         if msg[0] == "audio":
@@ -207,7 +235,7 @@ class Code2WavWorker:
             if out or time.perf_counter() >= deadline:
                 break
             if not self.proc.is_alive():
-                raise WorkerError(f"the code2wav worker (pid {self.proc.pid}) exited with code {self.proc.exitcode}")
+                raise self._exited()
             self._conn.poll(min(self.poll_s, max(deadline - time.perf_counter(), 0.0)))
         return out
 
@@ -215,7 +243,7 @@ class Code2WavWorker:
         """Block until chunk ``seq`` of ``request_id`` is back (other results are kept for ``poll``)."""
         key = (request_id, seq)
         while key not in self._inbox:
-            r = self._file(self._recv(timeout))
+            r = self._file(self._recv(timeout, f"chunk {seq} of request {request_id!r}"))
             self._inbox[(r.request_id, r.seq)] = r
         r = self._inbox.pop(key)
         if r.error:
@@ -263,15 +291,15 @@ class Code2WavWorker:
 
     def decode(self, codes, prefix_codes=None) -> np.ndarray:
         """Whole-utterance decode ``[T, 16]`` -> float32 ``[T * 1920]`` (in the worker)."""
-        codes = np.asarray(codes)
-        if codes.ndim != 2 or codes.shape[1] != 16:
-            raise InputError(f"codes must be an integer array [frames, 16]; got {codes.shape}")
+        codes = codes_array(codes)  # refused here, before it reaches the worker
+        prefix_codes = (None if prefix_codes is None or not len(prefix_codes)
+                        else codes_array(prefix_codes, "prefix_codes"))
         if len(codes) == 0:
             return np.zeros(0, dtype=np.float32)
         rid, seq = _OFFLINE, next(self._seq)
         self._frames[(rid, seq)] = (0, len(codes))
         self._send(("decode", rid, seq, codes.astype(np.int64),
-                    None if prefix_codes is None else np.asarray(prefix_codes), time.perf_counter()))
+                    prefix_codes, time.perf_counter()))
         return self.wait(rid, seq).audio
 
     @property
@@ -282,11 +310,16 @@ class Code2WavWorker:
         """pid, affinity, torch threads, per-thread CPU masks and open sessions, read in the worker."""
         self._send(("info",))
         while True:
-            msg = self._recv(30.0)
+            msg = self._recv(None, "info()")
             if msg[0] == "info":
                 return msg[1]
             r = self._file(msg)
             self._inbox[(r.request_id, r.seq)] = r
+
+    def respawn(self) -> "Code2WavWorker":
+        """Close this worker and start a new one like it (same checkpoint, CPUs, threads, environment, dtype)."""
+        self.close()
+        return type(self)(**self._spawn_kwargs)
 
     def close(self) -> None:
         for s in list(self._sessions.values()):

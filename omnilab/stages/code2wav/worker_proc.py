@@ -1,10 +1,11 @@
 """The code2wav worker's process side: the spawn entry point and its message loop.
 
-Contract: ``_worker_main(conn, checkpoint, cpus, threads, dtype="float32")`` is the ``multiprocessing`` (spawn)
-target started by :class:`~omnilab.stages.code2wav.worker.Code2WavWorker` (importable at module level). It pins
-itself to ``cpus``, loads the code2wav decoder with its conv decoder in ``dtype`` (``"float32"`` / ``"bfloat16"``:
-the client's choice), sends ``("ready", info)`` and then serves the
-pipe protocol until ``("stop",)`` or EOF:
+Contract: ``_worker_main(conn, checkpoint, cpus, threads, dtype="float32", parent=None)`` is the ``multiprocessing``
+(spawn) target started by :class:`~omnilab.stages.code2wav.worker.Code2WavWorker` (importable at module level). It
+pins itself to ``cpus``, arranges to die with its client (``parent``: :func:`omnilab.stages.lifecycle.parent_token`
+of the client; parent-death signal and a pid watch, so it exits even in the middle of a decode), loads the code2wav
+decoder with its conv decoder in ``dtype`` (``"float32"`` / ``"bfloat16"``: the client's choice), sends
+``("ready", info)`` and then serves the pipe protocol until ``("stop",)`` or EOF:
 - ``("open", rid, prefix)`` / ``("close", rid)``: create / free one request's decoder state;
 - ``("push", rid, seq, codes, t_send)``: queued; ready chunks of several requests are decoded together
   (one chunk per request per round) -> ``("audio", rid, seq, wav, timing)``;
@@ -28,10 +29,13 @@ _GATHER_S = 0.002  # batching window when several streams are open
 _MODEL: list = []  # the worker's decoder (for _info)
 
 
-def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: int, dtype: str = "float32") -> None:
+def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: int, dtype: str = "float32",
+                 parent: str | None = None) -> None:
     """Process entry point (importable, for the spawn start method)."""
     if cpus:
         os.sched_setaffinity(0, cpus)
+    from omnilab.stages.lifecycle import die_with_parent
+    die_with_parent(parent)  # after the pinning: its watch thread inherits this thread's CPU mask
     import torch
 
     from omnilab.config import SAMPLES_PER_FRAME, SpeechTokenizerConfig

@@ -35,6 +35,7 @@ from omnilab.hardware_info import GiB, format_cpulist
 from omnilab.profiles import cost
 from omnilab.profiles.cost import BLOCK_SIZE
 from omnilab.profiles.cost import padded_head_size  # noqa: F401 (stages/vllm/model.py imports it from here)
+from omnilab.stages._env import env_flag
 
 WORKER_CLS = "omnilab.stages.vllm.worker.TalkerCPUWorker"
 _GPU_ONLY = {
@@ -76,6 +77,8 @@ class VllmStageConfig:
         env: environment the engine's processes start with (multiprocess only): a deploy profile's
             ``to_env("talker")`` (``VllmDeploy.from_profile``). The values this config implies for the same
             variables (CPU binding, ``LD_PRELOAD``, the KV size) must agree with it (``ConfigError``).
+        log_level: vLLM's log level (``ERROR`` ... ``DEBUG``); None = what ``omnilab.logs.verbosity()`` gives
+            (ERROR by default, WARNING at ``info``). A ``VLLM_LOGGING_LEVEL`` the user set wins.
     """
     multiprocess: bool = False
     talker_threads: int | None = None
@@ -95,7 +98,7 @@ class VllmStageConfig:
     preload: tuple[str, ...] = ()
     engine_core_nice: int = 10
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    log_level: str = "WARNING"
+    log_level: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -131,16 +134,7 @@ def kv_bytes_per_token(tts_config: Any, dtype: Any) -> int:
 
 
 # ---------------------------------------------------------------- vLLM's CPU variables and the engine
-def _flag(environ: Mapping[str, str], var: str) -> bool | None:
-    raw = environ.get(var)
-    if raw is None or not raw.strip():
-        return None
-    v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{var}={raw!r}: accepted values are 1 / true / yes / on and 0 / false / no / off")
+_flag = env_flag  # the one boolean parser of omnilab's variables (stages/_env.py)
 
 
 def compile_predictor_flag(value: bool | None, environ: Mapping[str, str]) -> tuple[bool, str]:
@@ -236,7 +230,9 @@ def engine_env(c: VllmStageConfig, environ: Mapping[str, str], *,
     this process)."""
     env: dict[str, str | None] = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if c.multiprocess else "0",
-        "OMNILAB_VLLM_PREDICTOR_PER_ROW": "1" if c.predictor_per_row else None,
+        # the argument, or the variable set to a true word (a word that is neither: ConfigError)
+        "OMNILAB_VLLM_PREDICTOR_PER_ROW": "1" if c.predictor_per_row or _flag(
+            environ, "OMNILAB_VLLM_PREDICTOR_PER_ROW") else None,
         "OMNILAB_CPU_INDUCTOR": "1" if compile_predictor else "0",  # what the runner reads
         "VLLM_USE_V2_MODEL_RUNNER": None,
     }

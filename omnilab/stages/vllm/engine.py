@@ -15,6 +15,12 @@ Contract:
   later as an output with ``codes=None``, ``finish_reason="eos"``. Generation is also capped by the
   engine's ``max_model_len`` (``finish_reason="length"``).
 - Sleep mode and GPU-only engine options raise :class:`~omnilab.errors.UnsupportedError`.
+- Engine death (a killed engine-core or talker worker process, an exception in the engine step, an answer
+  that does not come within ``OMNILAB_WORKER_TIMEOUT_S``): that call and every later one raise
+  :class:`~omnilab.errors.WorkerError` naming the cause (never vLLM's ``EngineDeadError``); ``respawn()``
+  (``pipe.restart()``) builds a new stage with the same config. A row whose talker logits are not finite
+  (NaN/Inf inputs or weights) ends its request: ``step()`` raises ``InputError`` naming the request and frame,
+  and the engine lives on. Workers die with the client (:mod:`omnilab.stages.lifecycle`).
 """
 from __future__ import annotations
 
@@ -33,9 +39,11 @@ from omnilab.stages.base import DEFAULT_MAX_NEW_TOKENS_LIMIT, FrameOutput
 from omnilab.errors import InputError, UnsupportedError, WorkerError
 from omnilab.models.prompt import PromptRequest, prompt_length
 from omnilab.sampling import SamplingParams
-from omnilab.stages.vllm import payload as vllm_payload
+from omnilab.stages.vllm import liveness, payload as vllm_payload
 from omnilab.stages.vllm.config import (VllmStageConfig, compile_predictor_flag, engine_env, engine_kwargs,
                                         kv_bytes_per_token)
+from omnilab.stages import lifecycle
+from omnilab.logs import quiet_libraries
 from omnilab.stages._env import temporary_environ
 
 __all__ = ["VllmTalkerStage", "VllmStageConfig", "VllmFrameOutput"]
@@ -60,21 +68,6 @@ class _Live:
     frames: int = 0
 
 
-def _renice(engine, nice: int) -> None:
-    """Lower the priority of every thread of the engine-core process(es) (see ``engine_core_nice``)."""
-    mgr = getattr(getattr(engine.engine_core, "resources", None), "engine_manager", None)
-    for p in getattr(mgr, "processes", []) or []:
-        with contextlib.suppress(OSError, TypeError):
-            for tid in os.listdir(f"/proc/{p.pid}/task"):
-                with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-
-
-def _shutdown(engine_core) -> None:
-    with contextlib.suppress(Exception):
-        engine_core.shutdown()
-
-
 class VllmTalkerStage:
     backend = "vllm"
 
@@ -93,22 +86,25 @@ class VllmTalkerStage:
         self._share_key = None
         self._return_hidden = False
         self._worker_pid: int | None = None
+        self._dead: str | None = None  # why the engine died (every later call raises WorkerError with it)
+        self.timeout_s = lifecycle.worker_timeout_s()
         self.schedule_ms = 0.0
         self.init_s = 0.0
         self.engine = self._build_engine()
-        self._finalizer = weakref.finalize(self, _shutdown, self.engine.engine_core)
+        self._finalizer = weakref.finalize(self, liveness.shutdown, self.engine.engine_core)
         self._closed = False
         if config.multiprocess:
             # The engine core runs steps ahead of step() calls, so a per-step flag could arrive after the
             # frame was computed: across processes the hidden state always travels (4 B x H per frame)
             # and step() drops it unless asked for.
-            self.rpc("omnilab_set", None, True)
+            self._worker_pid = self.rpc("omnilab_set", None, True).get("pid")
             self._return_hidden = True
+            self.engine.get_supported_tasks()  # cached now: add_request would ask with an untimed call
 
     # ---- construction --------------------------------------------------------------------------------
     def _build_engine(self):
         c, m = self.config, self.model
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", c.log_level)
+        quiet_libraries(c.log_level)  # vLLM's level and warning filters, here and in the engine's processes
         t0 = time.perf_counter()
         import vllm.envs
         from vllm import LLMEngine
@@ -133,6 +129,9 @@ class VllmTalkerStage:
         if not c.multiprocess and c.talker_threads is not None:
             torch.set_num_threads(c.talker_threads)
         vllm.envs.disable_envs_cache()
+        if c.multiprocess:  # the engine core and talker worker die with this process (stages/lifecycle.py)
+            lifecycle.check_spawnable("vLLM engine core")
+            env = {**env, lifecycle.PARENT_ENV: lifecycle.parent_token()}
         try:
             if not c.multiprocess and m.talker is not None:
                 from omnilab.stages.vllm.model import share_talker
@@ -140,6 +139,10 @@ class VllmTalkerStage:
                 kwargs["hf_overrides"] = {**kwargs["hf_overrides"], "omnilab_share_key": self._share_key}
             with temporary_environ(env):
                 engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        except Exception as e:  # vLLM reports a failed engine core by its exit code
+            if c.multiprocess and f": {lifecycle.MAIN_GUARD_EXIT_CODE}}}" in str(e):
+                raise lifecycle.main_guard_error("vLLM engine core") from None
+            raise
         finally:
             torch.set_num_threads = set_threads  # CPUWorker replaces it with a no-op, process-wide
             vllm.envs.disable_envs_cache()
@@ -151,7 +154,7 @@ class VllmTalkerStage:
         if not c.multiprocess:
             self._wrap_scheduler(engine)
         elif c.engine_core_nice:
-            _renice(engine, c.engine_core_nice)
+            liveness.renice(engine, c.engine_core_nice)
         return engine
 
     def _wrap_scheduler(self, engine) -> None:
@@ -183,22 +186,29 @@ class VllmTalkerStage:
         w = self.worker
         return None if w is None else w.model_runner
 
-    def rpc(self, method: str, *args: Any, timeout: float | None = 30.0) -> Any:
-        """``collective_rpc`` on the talker worker (one worker) -> its result."""
-        self._check_open()
-        if self.config.multiprocess and not self._engine_alive():
-            raise WorkerError("the vLLM talker engine-core process exited")
-        return self.engine.collective_rpc(method, timeout=timeout, args=args)[0]
+    def rpc(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """``collective_rpc`` on the talker worker (one worker) -> its result, within ``timeout`` s (None:
+        ``self.timeout_s``); a dead or silent engine raises WorkerError."""
+        self._check_live()
+        timeout = self.timeout_s if timeout is None else timeout
+        if not self.config.multiprocess:
+            return self.engine.collective_rpc(method, timeout=timeout, args=args)[0]
+        if not self._engine_alive():
+            raise self._died()
+        try:
+            return liveness.timed_rpc(self.engine.engine_core, method, args, timeout, self._engine_alive)[0]
+        except TimeoutError:
+            raise self._died(f"no answer to RPC {method!r} within {timeout:g} s ({lifecycle.WORKER_TIMEOUT_ENV})")
+        except Exception as e:
+            if isinstance(e, WorkerError) or liveness.is_dead_error(e) or not self._engine_alive():
+                raise self._died() from None
+            raise
 
     def processes(self) -> dict[int, str]:
         """``{pid: role}`` of the engine's processes (in-process: the caller's own pid)."""
         if not self.config.multiprocess or self._closed:
             return {os.getpid(): "client+talker"}
-        out = {}
-        mgr = getattr(getattr(self.engine.engine_core, "resources", None), "engine_manager", None)
-        for p in getattr(mgr, "processes", []) or []:
-            if p.pid is not None:
-                out[p.pid] = "talker-engine-core"
+        out = {p.pid: "talker-engine-core" for p in liveness.engine_processes(self.engine.engine_core) if p.pid}
         if self._worker_pid is None:
             with contextlib.suppress(Exception):
                 self._worker_pid = int(self.summary()["pid"])
@@ -217,7 +227,7 @@ class VllmTalkerStage:
     # ---- requests ----------------------------------------------------------------------------------------
     def add_request(self, request_id: Hashable, req: PromptRequest, params: SamplingParams) -> int:
         """Queue a request (prefilled by the next step). Returns the seed in use."""
-        self._check_open()
+        self._check_live()
         if request_id in self._live:
             raise InputError(f"request_id {request_id!r} is already running")
         cfg = self.model.config
@@ -240,7 +250,12 @@ class VllmTalkerStage:
                           stop_token_ids=[self.eos_id], detokenize=False, skip_special_tokens=False,
                           extra_args={vllm_payload.EXTRA_KEY: extra})
         ext = f"omni-{next(self._ids)}"
-        int_id = self.engine.add_request(ext, TokensPrompt(prompt_token_ids=[self.pad_id] * n_prompt), sp)
+        try:
+            int_id = self.engine.add_request(ext, TokensPrompt(prompt_token_ids=[self.pad_id] * n_prompt), sp)
+        except Exception as e:
+            if liveness.is_dead_error(e) or (self.config.multiprocess and not self._engine_alive()):
+                raise self._died() from None
+            raise
         live = _Live(request_id, ext, int_id, seed)
         self._live[request_id] = live
         self._by_ext[ext] = live
@@ -248,7 +263,7 @@ class VllmTalkerStage:
 
     def step(self, return_hidden: bool = False) -> list[VllmFrameOutput]:
         """One engine step -> one :class:`VllmFrameOutput` per request that produced something."""
-        self._check_open()
+        self._check_live()
         outs, self._pending = self._pending, []
         if return_hidden != self._return_hidden and not self.config.multiprocess:
             self.rpc("omnilab_set", None, return_hidden)
@@ -260,9 +275,12 @@ class VllmTalkerStage:
             self._wait_for_output()
         try:
             results = self.engine.step()
-        except Exception as e:
-            raise WorkerError(f"the vLLM talker engine failed: {type(e).__name__}: {e}") from e
+        except Exception as e:  # the engine's state is unknown now: dead for every later call
+            if liveness.is_dead_error(e):
+                raise self._died() from None
+            raise self._died(f"the engine step raised {type(e).__name__}: {e}") from e
         step_ms = 1e3 * (time.perf_counter() - t0)
+        poisoned = []
         for ro in results:
             live = self._by_ext.get(ro.request_id)
             if live is None:
@@ -286,30 +304,58 @@ class VllmTalkerStage:
                 live.frames += 1
             if finished:
                 self._forget(live)
+            if d is not None and d["nonfinite"]:
+                poisoned.append(o)
+                continue
             outs.append(o)
+        if poisoned:  # their requests end here; the engine and the other requests live on
+            self._pending += outs
+            for o in poisoned:
+                self.abort(o.request_id)
+            o = poisoned[0]
+            raise InputError(f"request {o.request_id!r}: the talker's logits at frame {o.frame_index} are not "
+                             "finite (NaN/Inf): the request's inputs (ref_audio, x-vector) or the checkpoint's "
+                             "weights hold NaN/Inf; the request was ended")
         return outs
 
     def _engine_alive(self) -> bool:
-        core = self.engine.engine_core
-        res = getattr(core, "resources", None)
-        if res is None or getattr(res, "engine_dead", False):
-            return res is None
-        mgr = getattr(res, "engine_manager", None)
-        return all(p.is_alive() for p in getattr(mgr, "processes", []) or [])
+        return liveness.engine_alive(self.engine.engine_core)
 
     def _wait_for_output(self, poll_s: float = 0.5) -> None:
         """Block until the engine core has sent a step's outputs, checking every ``poll_s`` that its
-        processes live (vLLM's sync client would otherwise wait forever on a killed engine core)."""
+        processes live (vLLM's sync client would otherwise wait forever on a killed engine core) and
+        giving up after ``self.timeout_s``."""
         q = getattr(self.engine.engine_core, "outputs_queue", None)
         if q is None:
             return
+        deadline = time.perf_counter() + self.timeout_s
         while True:
             with q.not_empty:
                 if q._qsize() > 0 or q.not_empty.wait(timeout=poll_s) or q._qsize() > 0:
                     return
             if not self._engine_alive():
-                raise WorkerError("the vLLM talker engine-core process exited; close this pipeline and build "
-                                  "a new one")
+                raise self._died()
+            if time.perf_counter() > deadline:
+                raise self._died(f"no step output within {self.timeout_s:g} s ({lifecycle.WORKER_TIMEOUT_ENV}); "
+                                 "the engine core or talker worker is stopped, frozen or overloaded")
+
+    # ---- death -------------------------------------------------------------------------------------------
+    def _died(self, cause: str | None = None) -> WorkerError:
+        """Mark the engine dead (the first cause stays; a process that exited comes first) -> the WorkerError."""
+        if self._dead is None:
+            core = self.engine.engine_core
+            found = liveness.death_cause(core, self._worker_pid) if self.config.multiprocess else None
+            self._dead = found or cause or "the engine core stopped (its log on stderr has the traceback)"
+        return self._dead_error()
+
+    def _dead_error(self) -> WorkerError:
+        return WorkerError(f"the vLLM talker engine is dead: {self._dead}. Every call raises this error until "
+                           "pipe.restart() (new worker processes, same deployment) or a new Pipeline")
+
+    def _check_live(self) -> None:
+        self._check_open()
+        if self._dead is not None:
+            raise self._dead_error()
 
     def abort(self, request_id: Hashable) -> VllmFrameOutput | None:
         """Drop a request, free its KV blocks and worker state. None if the id is unknown."""
@@ -320,7 +366,7 @@ class VllmTalkerStage:
                     return self._pending.pop(i)
             return None
         self._forget(live)
-        if not self._closed:
+        if not self._closed and self._dead is None:
             self.engine.abort_request([live.ext_id])
             self.rpc("omnilab_release", [live.int_id])
         return VllmFrameOutput(request_id, max(live.frames - 1, 0), None, True, "abort", live.seed)
@@ -346,6 +392,11 @@ class VllmTalkerStage:
     def _check_open(self) -> None:
         if self._closed:
             raise InputError("this vLLM talker stage is closed")
+
+    def respawn(self) -> "VllmTalkerStage":
+        """Close this stage and build a new one like it (new engine processes, same config): after a death."""
+        self.close()
+        return type(self)(self.model, self.config)
 
     def close(self) -> None:
         """Abort everything and stop the engine (and its processes). Idempotent."""

@@ -101,9 +101,10 @@ class PagedTalkerStack(nn.Module):
         for layer, attn in zip(self.talker.model.layers, self.attn):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q = a.q_norm(a.q_proj(h).view(n, -1, d))  # [N, Hq, D]
-            k = a.k_norm(a.k_proj(h).view(n, -1, d))  # [N, Hkv, D]
-            v = a.v_proj(h).view(n, -1, d)
+            q, k, v = a.project(h)  # one fused kernel call at decode (omnilab.kernels.fuse)
+            q = a.q_norm(q.view(n, -1, d))  # [N, Hq, D]
+            k = a.k_norm(k.view(n, -1, d))  # [N, Hkv, D]
+            v = v.view(n, -1, d)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             if dp != d:

@@ -20,10 +20,14 @@ Contract (three vLLM runner methods overridden, each calling ``super()``; see do
   ``ModelRunnerOutput.pooler_output``.
 - State is freed when a request samples EOS or reaches its token limit, on ``finished_req_ids`` and on
   :meth:`release` (client aborts).
+- A row whose talker logits are not finite (NaN/Inf in its prompt or in the weights) is *poisoned*: from then on
+  it draws c0 = 0, skips the code predictor (whose sampler would raise on NaN and take the engine down), stores
+  a zero frame and returns ``nonfinite`` records until the client aborts it (``VllmTalkerStage.step`` raises
+  ``InputError`` for it); the other rows and the engine go on. One ``isfinite`` over the logits per step; on a
+  poisoned row the KV cache is made finite (``_scrub_kv``), so its NaN keys/values never reach later requests.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +41,7 @@ from omnilab.kernels import gemv_choice
 from omnilab.models import frame
 from omnilab.models.prompt import Prompt, build_prompt
 from omnilab.sampling import SamplingParams, sample_rows, talker_scores
+from omnilab.stages._env import env_flag
 from omnilab.stages.vllm import payload as vllm_payload
 
 
@@ -51,6 +56,7 @@ class TtsState:
     generated: list[int] = field(default_factory=list)        # sampled c0 tokens (penalty history)
     frames: list[torch.Tensor] = field(default_factory=list)  # [16] int64 per frame
     inputs: list[torch.Tensor] = field(default_factory=list)  # [H] talker input vector of frame k
+    poisoned: bool = False                            # its logits were not finite once (see the module doc)
 
     @property
     def prompt_len(self) -> int:
@@ -71,7 +77,7 @@ def compile_mlps(module: torch.nn.Module) -> int:
 
 
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(env_flag(None, name))  # the client checked the value (config.engine_env); a bad word: ConfigError
 
 
 class TalkerCPUModelRunner(CPUModelRunner):
@@ -196,9 +202,16 @@ class TalkerCPUModelRunner(CPUModelRunner):
         if rows:
             states = [self.tts_states[req_ids[i]] for i in rows]
             sub = logits if len(rows) == num_reqs else logits[rows]
+            bad = ~torch.isfinite(sub).all(dim=-1)
+            if bool(bad.any()):  # poisoned rows: a finite stand-in so sampling cannot raise, then c0 = 0
+                sub = torch.where(bad[:, None], torch.zeros((), dtype=sub.dtype), sub)
+                for j in bad.nonzero().flatten().tolist():
+                    states[j].poisoned = True
+                self._scrub_kv()
             eos = self.tts_config.talker.codec_eos_token_id
             scores = talker_scores(sub, [s.generated for s in states], [s.params for s in states], eos)
             toks = sample_rows(scores, [s.params.talker_warp for s in states], [s.generator for s in states])
+            toks[torch.tensor([s.poisoned for s in states])] = 0
             tokens[rows, 0] = toks.to(torch.int32)
         self._timing["sampling_ms"] = 1e3 * (time.perf_counter() - t0)
         return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
@@ -221,7 +234,10 @@ class TalkerCPUModelRunner(CPUModelRunner):
                 continue
             st = self.tts_states[rid]
             st.generated.append(int(toks[0]))
-            if toks[0] == eos:
+            if st.poisoned:  # a zero frame keeps the history consistent until the client aborts it
+                st.frames.append(torch.zeros(16, dtype=torch.long))
+                st.inputs.append(torch.zeros(hidden.shape[-1], dtype=hidden.dtype))
+            elif toks[0] == eos:
                 done.append(rid)
             else:
                 frame_rows.append(i)
@@ -229,12 +245,20 @@ class TalkerCPUModelRunner(CPUModelRunner):
         want_hidden = self.return_hidden
         # whole worker cycle of this step: idle gap before it + execute_model + sample_tokens
         self._timing["cycle_ms"] = self._timing["engine_ms"] + 1e3 * (time.perf_counter() - self._t_exec0)
+        # the step's window on this process's perf_counter (the host's CLOCK_MONOTONIC): the client places the
+        # phases there, not where it happened to receive them
+        self._timing["worker_start_s"], self._timing["worker_end_s"] = self._t_exec0, time.perf_counter()
         for i, rid in enumerate(out.req_ids):
             if not (out.sampled_token_ids[i] if i < len(out.sampled_token_ids) else []):
                 continue
             st = self.tts_states[rid]
             timings = dict(self._timing, prefill_ms=self._timing["talker_ms"] if rid in self._prefill_rows else 0.0)
-            if i in frame_rows:
+            if st.poisoned:
+                payload[i] = vllm_payload.encode(len(st.frames) - 1, None, timings, len(frame_rows),
+                                                 self._scheduled_tokens, self.tts_step, nonfinite=True)
+                if len(st.generated) >= st.max_tokens:
+                    done.append(rid)
+            elif i in frame_rows:
                 k = len(st.frames) - 1
                 payload[i] = vllm_payload.encode(k, st.frames[k], timings, len(frame_rows), self._scheduled_tokens,
                                                  self.tts_step, hidden[i] if want_hidden else None)
@@ -248,6 +272,13 @@ class TalkerCPUModelRunner(CPUModelRunner):
         out.pooler_output = payload
         self._t_end = time.perf_counter()
         return out
+
+    def _scrub_kv(self) -> None:
+        """A poisoned row wrote NaN/Inf keys and values; freed blocks go to later requests, whose attention reads
+        stale slots with weight 0 (0 x NaN is NaN), so every KV cache tensor is made finite in place (rare)."""
+        for t in getattr(self, "kv_caches", None) or []:
+            if isinstance(t, torch.Tensor):
+                torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
 
     def _compile_predictor(self) -> None:
         """torch.compile (inductor) the code predictor's SwiGLU MLPs (60 % of its weights), once

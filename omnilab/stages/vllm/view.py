@@ -6,10 +6,14 @@ transformers' ``AutoConfig`` parses it) with ``architectures = ["OmnilabQwen3TTS
 geometry, no M-RoPE (text-only positions make it plain 1-D RoPE, docs/model.md#m-rope-equals-1-d-rope), the released
 ``config.json`` under ``omnilab_tts_config`` and the checkpoint directory under ``omnilab_checkpoint``.
 No weights are linked: the ``"omnilab"`` load format reads them from the checkpoint itself.
+Folders are private (0700, ``omnilab.paths.private_dir``). Making a new view prunes the old ones
+(:func:`prune_views`): a view whose checkpoint directory no longer exists is removed, and of the rest the
+``OMNILAB_VLLM_VIEWS_KEEP`` (default 64) most recently used are kept (a view is touched each time it is used).
 Plain Python (no torch, no vLLM).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,6 +22,10 @@ from typing import Any
 
 ARCH = "OmnilabQwen3TTSTalker"
 _VIEW_VERSION = 1
+KEEP_ENV = "OMNILAB_VLLM_VIEWS_KEEP"
+# One view per checkpoint path (a few hundred bytes each): 64 covers every checkpoint a notebook session
+# switches between, and bounds the folder for sweeps over generated checkpoints.
+DEFAULT_KEEP = 64
 
 
 def talker_hf_config(checkpoint: str | os.PathLike, tts_config: dict[str, Any]) -> dict[str, Any]:
@@ -59,9 +67,53 @@ def view_dir(checkpoint: str | os.PathLike, tts_config: dict[str, Any] | None = 
     path = Path(root) / f"{checkpoint.name}-{key}"
     target = path / "config.json"
     if target.is_file() and target.read_text() == text:
+        with contextlib.suppress(OSError):
+            os.utime(path)  # most recently used: kept by prune_views
         return path
-    path.mkdir(parents=True, exist_ok=True)
+    from omnilab.paths import private_dir
+    private_dir(path)
     tmp = path / f".config.json.{os.getpid()}"
     tmp.write_text(text)
     os.replace(tmp, target)
+    prune_views(Path(root), keep_path=path)
     return path
+
+
+def views_keep(environ: Any = None) -> int:
+    """``OMNILAB_VLLM_VIEWS_KEEP`` (a positive integer), else :data:`DEFAULT_KEEP`."""
+    from omnilab.errors import ConfigError
+    raw = (os.environ if environ is None else environ).get(KEEP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_KEEP
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{KEEP_ENV}={raw!r}: expected a positive integer (views kept; default {DEFAULT_KEEP})")
+    return int(raw)
+
+
+def prune_views(root: Path, keep_path: Path | None = None, keep: int | None = None) -> list[Path]:
+    """Remove the views under ``root`` whose checkpoint is gone, then all but the ``keep`` most recently used
+    (``keep_path`` always stays). Only folders holding an omnilab view ``config.json`` are touched. Returns the
+    removed folders."""
+    import shutil
+
+    keep = views_keep() if keep is None else keep
+    alive: list[tuple[float, Path]] = []
+    removed: list[Path] = []
+    for d in root.iterdir() if root.is_dir() else ():
+        try:
+            cfg = json.loads((d / "config.json").read_text())
+            source = cfg["omnilab_checkpoint"] if isinstance(cfg, dict) and "omnilab_view_version" in cfg else None
+            mtime = d.stat().st_mtime
+        except (OSError, ValueError, KeyError):
+            continue  # not a view (or being written): leave it
+        if source is None or d == keep_path:
+            continue
+        if not Path(source).is_dir():
+            removed.append(d)
+        else:
+            alive.append((mtime, d))
+    alive.sort(reverse=True)
+    removed += [d for _, d in alive[max(keep - (keep_path is not None), 0):]]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    return removed

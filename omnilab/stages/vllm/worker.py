@@ -4,7 +4,9 @@ Contract: selected with ``EngineArgs(worker_cls="omnilab.stages.vllm.worker.Talk
 this module registers the omnilab talker with vLLM (:func:`omnilab.stages.vllm.plugin.register`), so spawned
 engine-core and worker processes know it without an installed entry point. The worker only swaps the
 runner class and adds RPC methods (``collective_rpc("omnilab_...")``): a state summary, releasing
-aborted requests, runner options, and a readback of this process's CPU affinity and thread count.
+aborted requests, runner options (and this process's pid), and a readback of this process's CPU affinity and
+thread count. Like the engine core, the worker process dies with its parent (``register()`` arms
+:func:`omnilab.stages.lifecycle.adopt_parent_from_env`).
 Sleep mode raises :class:`~omnilab.errors.UnsupportedError` (vLLM's CPU worker silently ignores it).
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import vllm.v1.worker.cpu_worker as _cpu_worker
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from omnilab.errors import UnsupportedError
+from omnilab.logs import native_notices
 from omnilab.stages.vllm.plugin import register
 from omnilab.stages.vllm.runner import TalkerCPUModelRunner
 
@@ -25,6 +28,12 @@ register()
 
 
 class TalkerCPUWorker(CPUWorker):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # CPUWorker.__init__ binds memory through vLLM's C++ init_cpu_memory_env, which prints a NUMA binding notice
+        # straight to stderr: dropped while quiet, anything else printed there is passed on (omnilab.logs)
+        with native_notices():
+            super().__init__(*args, **kwargs)
+
     def init_device(self) -> None:
         if self.use_v2_model_runner:
             raise UnsupportedError("omnilab's talker hooks target vLLM's V1 CPU model runner; unset "
@@ -63,7 +72,7 @@ class TalkerCPUWorker(CPUWorker):
             r.predictor_per_row = bool(predictor_per_row)
         if return_hidden is not None:
             r.return_hidden = bool(return_hidden)
-        return {"predictor_per_row": r.predictor_per_row, "return_hidden": r.return_hidden}
+        return {"predictor_per_row": r.predictor_per_row, "return_hidden": r.return_hidden, "pid": os.getpid()}
 
 
 def process_info() -> dict[str, Any]:

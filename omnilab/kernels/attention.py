@@ -1,0 +1,131 @@
+"""Decode attention in one kernel call per layer: q/k norm, RoPE, the KV-cache write and attention for one new token.
+
+Why: at one token per row, torch spends ~25 ops per layer on this (a cat, the q/k RMSNorm, a roll and three
+elementwise ops for RoPE, transposes, two cache copies, SDPA); a 0.6B frame runs 103 such layer passes (28 talker
+layers + 15 predictor passes x 5). ``attn.cpp`` does it in one call from the fused q/k/v projection output.
+
+Numerics (``attn.cpp``): q/k norms as :mod:`omnilab.kernels.norm` (bitwise the same per head), RoPE with each op
+rounded to the dtype as torch's, softmax and weighted sum in fp32 with each (row, head) whole on one thread; against
+torch's SDPA the result differs by fp32 rounding (summation order), so greedy codes equal the torch path's on the
+official goldens (tests/test_parity.py) but are not promised bit for bit; a row's result does not depend on its batch
+mates, the thread count or the cache capacity (tests/kernels/test_attention.py). Both backends' code predictors and
+the eager talker take it; vLLM's talker layers keep vLLM's paged attention.
+
+Choice, resolved once per process (:func:`attention_choice`), with a reason; ``OMNILAB_CPU_ATTN`` overrides:
+``auto`` (default: the kernel for the CPU's widest ISA if it builds, else torch with a warning), ``omnilab`` /
+``omnilab-avx512`` / ``omnilab-avx2`` (the kernel, or an error), ``torch`` (the ops above).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
+from omnilab.kernels.trust import open_library, symbol
+
+ENV = "OMNILAB_CPU_ATTN"
+MODES = KERNEL_MODES
+MAX_HEAD_DIM = 512
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_P = ctypes.c_void_p
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """Which implementation the decoder's one-token attention uses, and why."""
+
+    mode: str             # "omnilab" | "torch"
+    isa: str | None
+    library: str | None
+    reason: str
+    source: str           # "auto" | "env" | "argument" (use_attention)
+
+    @property
+    def label(self) -> str:
+        return f"omnilab-{self.isa} (one call per layer)" if self.mode == "omnilab" else "torch (~25 ops per layer)"
+
+    def __repr__(self) -> str:
+        return f"AttentionChoice({self.label!r}, source={self.source!r})"
+
+
+class _Lib:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
+        fn = symbol(self.lib, "omnilab_decode_attn", path)
+        fn.argtypes = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, _P, _P, _P] + [ctypes.c_int64] * 4 + \
+            [ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self.fn = fn
+        isa = symbol(self.lib, "omnilab_attn_isa", path)
+        isa.restype = ctypes.c_char_p
+        self.isa = isa().decode()
+
+
+def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[AttentionChoice, _Lib | None]:
+    """Decide (and build) without installing the result; :func:`attention_choice` caches it per process."""
+    lib, reason, source = resolve_kernel(ENV, "decode attention", "attn", _Lib, "torch's ops (~25 per layer)", env,
+                                         flags)
+    if lib is None:
+        return AttentionChoice("torch", None, None, reason, source), None
+    return AttentionChoice("omnilab", lib.isa, str(lib.path), f"{reason}; q/k norm, RoPE, cache write and attention "
+                           "of one token in one call per layer", source), lib
+
+
+_SLOT = KernelSlot(resolve)
+
+
+def attention_choice() -> AttentionChoice:
+    """The process's decode-attention choice (resolved, and the kernel built, on first use)."""
+    return _SLOT.get()
+
+
+def reset() -> None:
+    """Forget the choice (tests; a changed ``OMNILAB_CPU_ATTN`` takes effect on the next call)."""
+    _SLOT.reset()
+
+
+def use_attention(mode: str):
+    """Within the block (``with use_attention(mode):``) this process's decoders use ``mode`` (one of :data:`MODES`)."""
+    return _SLOT.use(mode)
+
+
+def decode_attention(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                     sin_signed: torch.Tensor, k_bufs: Sequence[torch.Tensor], v_bufs: Sequence[torch.Tensor],
+                     positions: Sequence[int], num_heads: int, num_kv_heads: int, head_dim: int,
+                     scale: float) -> torch.Tensor | None:
+    """One token per row: ``qkv`` [B, 1, (Hq + 2 Hkv) * D] contiguous (the fused projection), ``norm_weight``
+    [Hq + Hkv, D] (q_norm's then k_norm's, per head), ``cos`` / ``sin_signed`` [1 or B, 1, D] (the decoder's RoPE
+    rows), per row its cache buffers ``k_bufs[b]`` / ``v_bufs[b]`` [Hkv, capacity, D] (views of the decoder's
+    KVCache) and ``positions[b]`` (where the token goes). Writes k and v at that position and returns the attention
+    output [B, 1, Hq * D], or None where the kernel does not apply (the caller runs torch's ops)."""
+    lib = _SLOT.loaded()
+    code = _DTYPES.get(qkv.dtype)
+    b = qkv.shape[0]
+    if (lib is None or code is None or head_dim > MAX_HEAD_DIM or head_dim % 2 or num_heads % num_kv_heads
+            or torch.compiler.is_compiling() or not qkv.is_contiguous() or norm_weight.dtype != qkv.dtype
+            or cos.dtype != qkv.dtype or sin_signed.dtype != qkv.dtype or not cos.is_contiguous()
+            or not sin_signed.is_contiguous() or (torch.is_grad_enabled() and qkv.requires_grad)):
+        return None
+    caps, kp, vp = [], [], []
+    for kb, vb in zip(k_bufs, v_bufs):
+        if kb.dtype != qkv.dtype or not kb.is_contiguous() or not vb.is_contiguous():
+            return None
+        caps.append(kb.shape[1])
+        kp.append(kb.data_ptr())
+        vp.append(vb.data_ptr())
+    nw = norm_weight if norm_weight.is_contiguous() else norm_weight.contiguous()
+    out = torch.empty(b, 1, num_heads * head_dim, dtype=qkv.dtype)
+    arr = ctypes.c_int64 * b
+    rc = lib.fn(qkv.data_ptr(), nw.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+                0 if cos.shape[0] == 1 else head_dim, arr(*kp), arr(*vp), arr(*caps), arr(*positions),
+                out.data_ptr(), b, num_heads, num_kv_heads, head_dim, float(eps), float(scale), code,
+                torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"omnilab_decode_attn rejected B={b}, heads {num_heads}/{num_kv_heads}, D={head_dim}, "
+                           f"positions {list(positions)} for capacities {caps}")
+    return out

@@ -1,0 +1,211 @@
+// omnilab decode attention for the decoder stacks: one new token per row, in one call per layer.
+//
+// For each row b (one decoding request or predictor row) and its fused projection output qkv[b] =
+// [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]:
+//   1. q and k heads: RMSNorm over D with the stacked per-head weights nw [Hq + Hkv, D] (fp32 statistics, as
+//      norm.cpp), then rotate-half RoPE at the row's position: y[i] * cos[i] + y[(i + D/2) % D] * sins[i]
+//      (sins = sin with its first half negated, the decoder's table), each op rounded to the dtype as torch's;
+//   2. k and v written into the row's cache at position pos[b] (cache [Hkv, cap, D] per row);
+//   3. out[b, h] = softmax(q_h . K^T * scale) V over positions 0..pos[b] of kv head h / (Hq / Hkv): scores and
+//      sums in fp32 (exp: glibc's vector expf), normalised at the end, rounded once to the dtype.
+// torch needs ~25 ops for this at one token (cat, norm, roll, muls, adds, transposes, two cache copies, SDPA).
+//
+// Numerics: every (row, head) is computed whole by one thread in a fixed order (dot products over D in lanes,
+// a fixed lane reduction, positions ascending), so results do not depend on batch mates, on the thread count
+// or on the cache's capacity; against torch's SDPA they differ by fp32 rounding (another summation order).
+// dtype 0: fp32 everything; 1: bf16 qkv / nw / cos / sins / caches / out (uint16 bit patterns).
+// Built by omnilab/kernels/build.py with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8), linked with -lmvec.
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#if defined(__AVX512F__)
+#define VEC 16
+typedef __m512 vec_t;
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+static inline vec_t vexp(vec_t v) { return _ZGVeN16v_expf(v); }
+static inline vec_t vzero() { return _mm512_setzero_ps(); }
+static inline vec_t vset(float a) { return _mm512_set1_ps(a); }
+static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vec_t v) { _mm512_storeu_ps(p, v); }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
+static inline float vsum(vec_t v) { return _mm512_reduce_add_ps(v); }
+#define ISA_NAME "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VEC 8
+typedef __m256 vec_t;
+extern "C" __m256 _ZGVdN8v_expf(__m256);
+static inline vec_t vexp(vec_t v) { return _ZGVdN8v_expf(v); }
+static inline vec_t vzero() { return _mm256_setzero_ps(); }
+static inline vec_t vset(float a) { return _mm256_set1_ps(a); }
+static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec_t v) { _mm256_storeu_ps(p, v); }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
+static inline float vsum(vec_t v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#define ISA_NAME "avx2"
+#else
+#error "attn.cpp needs -mavx512f or -mavx2 -mfma"
+#endif
+
+static inline float ld(const float* p, int64_t i) { return p[i]; }
+static inline float ld(const uint16_t* p, int64_t i) {
+  union { uint32_t u; float f; } c;
+  c.u = (uint32_t)p[i] << 16;
+  return c.f;
+}
+static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch (NaN kept quiet)
+  union { uint32_t u; float f; } c;
+  c.f = f;
+  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40);
+  return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
+}
+// The value a torch op of this dtype stores: fp32 as is, bf16 rounded.
+static inline float rnd(float v, float*) { return v; }
+static inline float rnd(float v, uint16_t*) {
+  union { uint32_t u; float f; } c;
+  c.u = (uint32_t)to_bf16(v) << 16;
+  return c.f;
+}
+static inline void st(float* p, int64_t i, float v) { p[i] = v; }
+static inline void st(uint16_t* p, int64_t i, float v) { p[i] = to_bf16(v); }
+
+static inline float dot(const float* a, const float* b, int64_t D) {
+  vec_t acc = vzero();
+  const int64_t dv = D - D % VEC;
+  for (int64_t k = 0; k < dv; k += VEC) acc = vfma(vload(a + k), vload(b + k), acc);
+  float s = vsum(acc);
+  for (int64_t k = dv; k < D; ++k) s = fmaf(a[k], b[k], s);
+  return s;
+}
+
+// A cache row as fp32: fp32 rows in place, bf16 rows widened exactly into buf.
+static inline const float* kb_f32(const float* row, float*, int64_t) { return row; }
+static inline const float* kb_f32(const uint16_t* row, float* buf, int64_t D) {
+  for (int64_t k = 0; k < D; ++k) buf[k] = ld(row, k);
+  return buf;
+}
+
+// One head of D <= 512 values: RMSNorm (weight row w) then RoPE; the result (values of dtype T, as fp32) in out.
+template <typename T>
+static void norm_rope(const T* x, const T* w, const T* cos, const T* sins, int64_t D, float eps, float* out) {
+  float buf[512], y[512];
+  for (int64_t k = 0; k < D; ++k) buf[k] = ld(x, k);
+  const float scale = 1.0f / sqrtf(dot(buf, buf, D) / (float)D + eps);
+  for (int64_t k = 0; k < D; ++k) {
+    const float h = rnd(buf[k] * scale, (T*)nullptr);  // h.to(dtype)
+    y[k] = rnd(ld(w, k) * h, (T*)nullptr);              // weight * h
+  }
+  const int64_t half = D / 2;
+  // qk * cos + roll(qk, D/2) * sin_signed, each op rounded as torch's; roll's partner of k is k + D/2 in the first
+  // half and k - D/2 in the second (two loops: no modulo, vectorizable)
+  for (int64_t k = 0; k < half; ++k) {
+    const float a = rnd(y[k] * ld(cos, k), (T*)nullptr);
+    const float b = rnd(y[k + half] * ld(sins, k), (T*)nullptr);
+    out[k] = rnd(a + b, (T*)nullptr);
+  }
+  for (int64_t k = half; k < D; ++k) {
+    const float a = rnd(y[k] * ld(cos, k), (T*)nullptr);
+    const float b = rnd(y[k - half] * ld(sins, k), (T*)nullptr);
+    out[k] = rnd(a + b, (T*)nullptr);
+  }
+}
+
+template <typename T>
+static void run(const T* qkv, const T* nw, const T* cos, const T* sins, int64_t rope_stride, T* const* kc,
+                T* const* vc, const int64_t* cap, const int64_t* pos, T* out, int64_t B, int64_t Hq, int64_t Hkv,
+                int64_t D, float eps, float scale, int nt) {
+  const int64_t ntot = (Hq + 2 * Hkv) * D;
+  // 1-2: k heads normalised, rotated and written with v into the cache (one (row, kv head) per iteration).
+  for (int64_t i = 0; i < B * Hkv; ++i) {
+    const int64_t b = i / Hkv, h = i % Hkv;
+    const T* row = qkv + b * ntot;
+    float kr[512];
+    norm_rope<T>(row + (Hq + h) * D, nw + (Hq + h) * D, cos + b * rope_stride, sins + b * rope_stride, D, eps, kr);
+    T* kdst = kc[b] + (h * cap[b] + pos[b]) * D;
+    T* vdst = vc[b] + (h * cap[b] + pos[b]) * D;
+    const T* vsrc = row + (Hq + Hkv + h) * D;
+    for (int64_t k = 0; k < D; ++k) st(kdst, k, kr[k]);
+    memcpy(vdst, vsrc, D * sizeof(T));
+  }
+  // 3: every (row, q head) whole on one thread.
+  const int64_t work = B * Hq;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) longest = pos[b] + 1 > longest ? pos[b] + 1 : longest;
+  if (nt < 1 || work * longest * D < (1 << 17)) nt = 1;
+  const int64_t group = Hq / Hkv;
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> scores, kf, acc(D);
+    float q[512];
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < work; ++i) {
+      const int64_t b = i / Hq, h = i % Hq, g = h / group, L = pos[b] + 1;
+      const T* row = qkv + b * ntot;
+      norm_rope<T>(row + h * D, nw + h * D, cos + b * rope_stride, sins + b * rope_stride, D, eps, q);
+      const T* kb = kc[b] + g * cap[b] * D;
+      const T* vb = vc[b] + g * cap[b] * D;
+      scores.resize(L + VEC);
+      kf.resize(D);
+      float m = -INFINITY;
+      for (int64_t j = 0; j < L; ++j) {
+        const float* kj = kb_f32(kb + j * D, kf.data(), D);  // fp32 rows are read in place, bf16 rows widened
+        const float s = dot(q, kj, D) * scale;
+        scores[j] = s;
+        m = s > m ? s : m;
+      }
+      // exp(s - m) in lanes (tail padded with -inf -> 0), then the sum in ascending order
+      const int64_t Lp = (L + VEC - 1) / VEC * VEC;
+      for (int64_t j = L; j < Lp; ++j) scores[j] = -INFINITY;
+      const vec_t mv = vset(m);
+      for (int64_t j = 0; j < Lp; j += VEC) vstore(scores.data() + j, vexp(vsub(vload(scores.data() + j), mv)));
+      float denom = 0.0f;
+      for (int64_t j = 0; j < L; ++j) denom += scores[j];
+      // acc = sum_j p_j v_j over positions ascending, D in lanes (each lane's chain is fixed: no dependence on
+      // threads or batch); D % VEC lanes in a scalar tail
+      const int64_t dv = D - D % VEC;
+      for (int64_t k = 0; k < D; ++k) acc[k] = 0.0f;
+      for (int64_t j = 0; j < L; ++j) {
+        const float* vj = kb_f32(vb + j * D, kf.data(), D);
+        const vec_t p = vset(scores[j]);
+        for (int64_t k = 0; k < dv; k += VEC) vstore(acc.data() + k, vfma(p, vload(vj + k), vload(acc.data() + k)));
+        for (int64_t k = dv; k < D; ++k) acc[k] = fmaf(scores[j], vj[k], acc[k]);
+      }
+      const float inv = 1.0f / denom;
+      T* o = out + b * Hq * D + h * D;
+      for (int64_t k = 0; k < D; ++k) st(o, k, acc[k] * inv);
+    }
+  }
+}
+
+extern "C" {
+const char* omnilab_attn_isa() { return ISA_NAME; }
+
+// Returns 0, or -1 for sizes the kernel does not take (D > 512 or odd, Hq not a multiple of Hkv, a position past
+// its cache's capacity, dtype not 0/1).
+int omnilab_decode_attn(const void* qkv, const void* nw, const void* cos, const void* sins, int64_t rope_stride,
+                        const int64_t* kptr, const int64_t* vptr, const int64_t* cap, const int64_t* pos, void* out,
+                        int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps, float scale, int dtype, int nt) {
+  if (B < 1 || Hkv < 1 || Hq % Hkv || D < 2 || D > 512 || D % 2 || (dtype != 0 && dtype != 1)) return -1;
+  for (int64_t b = 0; b < B; ++b)
+    if (pos[b] < 0 || pos[b] >= cap[b]) return -1;
+  if (dtype == 0)
+    run<float>((const float*)qkv, (const float*)nw, (const float*)cos, (const float*)sins, rope_stride,
+               (float* const*)kptr, (float* const*)vptr, cap, pos, (float*)out, B, Hq, Hkv, D, eps, scale, nt);
+  else
+    run<uint16_t>((const uint16_t*)qkv, (const uint16_t*)nw, (const uint16_t*)cos, (const uint16_t*)sins,
+                  rope_stride, (uint16_t* const*)kptr, (uint16_t* const*)vptr, cap, pos, (uint16_t*)out, B, Hq, Hkv,
+                  D, eps, scale, nt);
+  return 0;
+}
+}

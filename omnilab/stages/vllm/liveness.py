@@ -1,0 +1,110 @@
+"""Is the vLLM engine alive, and if not, why: the engine-core and talker worker processes seen from the client.
+
+Contract (used by :class:`~omnilab.stages.vllm.engine.VllmTalkerStage`):
+- ``engine_processes(engine_core)`` -> the engine-core ``multiprocessing`` processes (``[]`` in-process);
+  ``engine_alive(engine_core)``: vLLM has not marked it dead and every engine-core process lives.
+- ``death_cause(engine_core, worker_pid)`` -> names every process that exited and how (exit code or signal),
+  or None when every process still lives (the engine core then failed inside a step).
+- ``is_dead_error(e)``: ``e`` is vLLM's ``EngineDeadError``.
+- ``timed_rpc(engine_core, method, args, timeout_s, alive)``: ``collective_rpc`` through the multiprocess client
+  with a client-side deadline (vLLM's own client waits for the answer without one): ``TimeoutError`` after
+  ``timeout_s``, :class:`~omnilab.errors.WorkerError` as soon as ``alive()`` is False.
+- ``renice(engine, nice)``, ``shutdown(engine_core)``: lower the engine core's priority; stop it, quietly.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import signal
+import time
+import uuid
+from typing import Any, Callable
+
+from omnilab.errors import WorkerError
+
+
+def engine_processes(engine_core) -> list:
+    mgr = getattr(getattr(engine_core, "resources", None), "engine_manager", None)
+    return list(getattr(mgr, "processes", []) or [])
+
+
+def engine_alive(engine_core) -> bool:
+    res = getattr(engine_core, "resources", None)
+    if res is None:
+        return True  # in-process engine
+    if getattr(res, "engine_dead", False):
+        return False
+    return all(p.is_alive() for p in engine_processes(engine_core))
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "exited"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def _pid_alive(pid: int) -> bool:
+    """A process that is not our child: alive unless gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def death_cause(engine_core, worker_pid: int | None) -> str | None:
+    dead = [f"the engine-core process (pid {p.pid}) {_how(p.exitcode)}"
+            for p in engine_processes(engine_core) if not p.is_alive()]
+    if worker_pid is not None and not _pid_alive(worker_pid):
+        dead.append(f"the talker worker process (pid {worker_pid}) exited")
+    return "; ".join(dead) or None
+
+
+def is_dead_error(e: BaseException) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+    return isinstance(e, EngineDeadError)
+
+
+def timed_rpc(engine_core, method: str, args: tuple, timeout_s: float, alive: Callable[[], bool],
+              poll_s: float = 0.5) -> Any:
+    send, results = getattr(engine_core, "_send_input", None), getattr(engine_core, "utility_results", None)
+    if send is None or results is None:  # not vLLM 0.32's multiprocess client: its own (untimed) call
+        return engine_core.collective_rpc(method, timeout_s, args, None)
+    from vllm.v1.engine import EngineCoreRequestType
+
+    call_id = uuid.uuid1().int >> 64  # as vLLM's call_utility
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    results[call_id] = future
+    send(EngineCoreRequestType.UTILITY, (0, call_id, "collective_rpc", (method, timeout_s, args, None)))
+    deadline = time.perf_counter() + timeout_s
+    try:
+        while True:
+            try:
+                return future.result(timeout=poll_s)
+            except concurrent.futures.TimeoutError:
+                pass
+            if not alive():
+                raise WorkerError(f"the vLLM engine died during RPC {method!r}")
+            if time.perf_counter() > deadline:
+                raise TimeoutError(method)
+    finally:
+        results.pop(call_id, None)
+
+
+def renice(engine, nice: int) -> None:
+    """Lower the priority of every thread of the engine-core process(es) (see ``engine_core_nice``)."""
+    for p in engine_processes(engine.engine_core):
+        with contextlib.suppress(OSError, TypeError):
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
+def shutdown(engine_core) -> None:
+    with contextlib.suppress(Exception):
+        engine_core.shutdown()
