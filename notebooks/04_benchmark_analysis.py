@@ -83,7 +83,9 @@ for row, (name, g) in zip(axes, summary.groupby("run")):
 # %%
 phases = ["code_predictor_ms_per_frame", "talker_forward_ms_per_frame", "input_prep_ms_per_frame",
           "sampling_ms_per_frame", "code2wav_ms_per_frame"]
-fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.5), layout="constrained", squeeze=False)
+bars = summary[summary["backend"] != "reference"].groupby("run").size().max()  # a run may hold a whole grid
+fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), max(3.5, 1.5 + 0.2 * bars)), layout="constrained",
+                         squeeze=False)
 for ax, (name, g) in zip(axes[0], summary[summary["backend"] != "reference"].groupby("run")):
     g.set_index(["backend", "concurrency"])[phases].plot.barh(stacked=True, ax=ax, legend=False)
     ax.axvline(80, color="tab:red", lw=0.8)  # real time: 80 ms of audio per frame
@@ -100,13 +102,15 @@ summary[[c for c in cols if c in summary]].round(2)
 
 # %%
 requests = pd.concat([r.requests.assign(run=name) for name, r in runs.items()], ignore_index=True)
-fig, ax = plt.subplots(figsize=(9, 4), layout="constrained")
+groups = requests.groupby(["run", "backend"])
+ncols = 3  # the legend goes below the axes, 3 entries per line, and the figure grows with it
+fig, ax = plt.subplots(figsize=(11, 4 + 0.17 * -(-groups.ngroups // ncols)), layout="constrained")
 markers = dict(zip(runs, "osD^v<>px*"))  # colour: backend (as above), marker: run
-for (run, backend), g in requests.groupby(["run", "backend"]):
+for (run, backend), g in groups:
     ax.scatter(g["ttfa_ms"], g["rtf"], label=f"{run}: {backend}", color=colors[str(backend)],
                marker=markers.get(run, "o"), s=18)
 ax.set(xlabel="TTFA ms", ylabel="RTF (wall/audio)", xscale="log")
-ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="x-small", frameon=False);
+fig.legend(loc="outside lower center", ncols=ncols, fontsize="x-small", frameon=False);
 
 # %%
 print(json.dumps(runs[list(runs)[-1]].meta["machine"], indent=1))

@@ -30,6 +30,10 @@ from omnilab.kernels.trust import open_library, symbol
 ENV = "OMNILAB_CPU_ATTN"
 MODES = KERNEL_MODES
 MAX_HEAD_DIM = 512
+# bf16 caches are widened to fp32 row by row for every query head (2 x Hq x L x D scalar conversions per layer):
+# cheap over the code predictor's short history (<= 17 positions), ~1.2 M conversions per layer over a 0.6B talker's
+# 300, where torch's SDPA reads bf16 in vectors; so bf16 takes the kernel up to this many positions.
+BF16_MAX_POSITIONS = 32
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _P = ctypes.c_void_p
 
@@ -110,6 +114,8 @@ def decode_attention(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, c
             or torch.compiler.is_compiling() or not qkv.is_contiguous() or norm_weight.dtype != qkv.dtype
             or cos.dtype != qkv.dtype or sin_signed.dtype != qkv.dtype or not cos.is_contiguous()
             or not sin_signed.is_contiguous() or (torch.is_grad_enabled() and qkv.requires_grad)):
+        return None
+    if code == 1 and max(positions) >= BF16_MAX_POSITIONS:
         return None
     caps, kp, vp = [], [], []
     for kb, vb in zip(k_bufs, v_bufs):

@@ -23,6 +23,7 @@ from omnilab.kernels import linear
 from omnilab.kernels.attention import decode_attention
 from omnilab.kernels.fuse import FusedProjection
 from omnilab.kernels.norm import rms_norm  # the kernel (one call per norm) or the reference's ops
+from omnilab.models.decode_step import DecodeStep
 from omnilab.models.layers import Linear, RMSNorm, SwiGLU
 
 
@@ -244,9 +245,14 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self._step = DecodeStep()  # the one-token step as direct kernel calls (omnilab.models.decode_step)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, layer: int,
                 caches: Caches) -> torch.Tensor:
+        if x.shape[1] == 1 and caches is not None:  # decode: bitwise the path below, in fewer Python steps
+            y = self._step(self, x, cos, sin_signed, layer, caches)
+            if y is not None:
+                return y
         # Functional calls (no nn.Module __call__): the per-op overhead matters at batch 1.
         ln1, ln2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
         x = x + self.self_attn.forward(rms_norm(x, ln1.weight, ln1.eps), cos, sin_signed, layer, caches)
