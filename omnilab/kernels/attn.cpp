@@ -15,7 +15,6 @@
 // or on the cache's capacity; against torch's SDPA they differ by fp32 rounding (another summation order).
 // dtype 0: fp32 everything; 1: bf16 qkv / nw / cos / sins / caches / out (uint16 bit patterns).
 // Built by omnilab/kernels/build.py with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8), linked with -lmvec.
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -23,39 +22,15 @@
 
 #include <vector>
 
-#if defined(__AVX512F__)
-#define VEC 16
-typedef __m512 vec_t;
+#include "simd.h"
+
+// glibc's vector expf (libmvec, x86_64 vector ABI), one register at a time.
+#if VEC == 16
 extern "C" __m512 _ZGVeN16v_expf(__m512);
 static inline vec_t vexp(vec_t v) { return _ZGVeN16v_expf(v); }
-static inline vec_t vzero() { return _mm512_setzero_ps(); }
-static inline vec_t vset(float a) { return _mm512_set1_ps(a); }
-static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
-static inline void vstore(float* p, vec_t v) { _mm512_storeu_ps(p, v); }
-static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
-static inline float vsum(vec_t v) { return _mm512_reduce_add_ps(v); }
-#define ISA_NAME "avx512"
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VEC 8
-typedef __m256 vec_t;
+#else
 extern "C" __m256 _ZGVdN8v_expf(__m256);
 static inline vec_t vexp(vec_t v) { return _ZGVdN8v_expf(v); }
-static inline vec_t vzero() { return _mm256_setzero_ps(); }
-static inline vec_t vset(float a) { return _mm256_set1_ps(a); }
-static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
-static inline void vstore(float* p, vec_t v) { _mm256_storeu_ps(p, v); }
-static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
-static inline float vsum(vec_t v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#define ISA_NAME "avx2"
-#else
-#error "attn.cpp needs -mavx512f or -mavx2 -mfma"
 #endif
 
 static inline float ld(const float* p, int64_t i) { return p[i]; }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -55,6 +56,8 @@ def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Pa
     if isa not in ISA_FLAGS:
         raise ValueError(f"unknown ISA {isa!r}; accepted: {', '.join(ISA_FLAGS)}")
     src = (SOURCE_DIR / f"{name}.cpp").read_bytes()
+    for inc in re.findall(rb'#include "([^"]+)"', src):  # local headers (simd.h): an edit there rebuilds too
+        src += (SOURCE_DIR / inc.decode()).read_bytes()
     flags = (COMMON_FLAGS + ISA_FLAGS[isa] + SOURCE_ISA_FLAGS.get((name, isa), ()) + SOURCE_FLAGS.get(name, ())
              + LINK_FLAGS.get(name, ()))
     digest = hashlib.sha256(src + " ".join(flags).encode() + _compiler_version(cxx).encode()).hexdigest()[:12]

@@ -11,36 +11,12 @@
 //
 // x, y: [rows, D] (fp32, or bf16 as uint16 bit patterns: x, w and y all bf16 then); w: [w_rows, D], row r using
 // weight row r % w_rows (w_rows = 1: one weight; the q/k norms of stacked heads: one per head). y may alias x.
-// Built by omnilab/kernels/build.py with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8).
-#include <immintrin.h>
+// Built by omnilab/kernels/build.py with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8); vector helpers: simd.h.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 
-#if defined(__AVX512F__)
-#define VEC 16
-typedef __m512 vec_t;
-static inline vec_t vzero() { return _mm512_setzero_ps(); }
-static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
-static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
-static inline float vsum(vec_t v) { return _mm512_reduce_add_ps(v); }
-#define ISA_NAME "avx512"
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VEC 8
-typedef __m256 vec_t;
-static inline vec_t vzero() { return _mm256_setzero_ps(); }
-static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
-static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vsum(vec_t v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#define ISA_NAME "avx2"
-#else
-#error "norm.cpp needs -mavx512f or -mavx2 -mfma"
-#endif
+#include "simd.h"
 
 static inline float bf16_to_f32(uint16_t v) {
   union { uint32_t u; float f; } c;

@@ -115,3 +115,19 @@ def test_a_bad_mode_names_the_accepted_ones(fresh_choice):
     fresh_choice.setenv(norm.ENV, "fastest")
     with pytest.raises(ConfigError, match="OMNILAB_CPU_NORM='fastest'.*accepted: auto"):
         norm.norm_choice()
+
+
+def test_an_edited_shared_header_rebuilds_the_kernels_that_include_it(tmp_path, monkeypatch):
+    """norm.cpp and attn.cpp include simd.h: the library name hashes the header too, so an edit there is a new
+    build rather than a stale cached library."""
+    import shutil
+
+    from omnilab.kernels import build
+
+    for f in ("norm.cpp", "simd.h"):
+        shutil.copy(build.SOURCE_DIR / f, tmp_path / f)
+    cxx = build.find_compiler() or "g++"
+    monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
+    before = build.library_path("norm", "avx2", cxx, cache=tmp_path)
+    (tmp_path / "simd.h").write_text((tmp_path / "simd.h").read_text() + "\n// edited\n")
+    assert build.library_path("norm", "avx2", cxx, cache=tmp_path) != before

@@ -1,0 +1,37 @@
+// omnilab's fp32 vector helpers shared by the decoder kernels (norm.cpp, attn.cpp): one register of VEC lanes,
+// with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8). build.py hashes this header with every source that
+// includes it, so an edit here rebuilds them. vsum's lane reduction is fixed per ISA (results stay independent
+// of batch mates and thread counts).
+#pragma once
+#include <immintrin.h>
+
+#if defined(__AVX512F__)
+#define VEC 16
+typedef __m512 vec_t;
+static inline vec_t vzero() { return _mm512_setzero_ps(); }
+static inline vec_t vset(float a) { return _mm512_set1_ps(a); }
+static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vec_t v) { _mm512_storeu_ps(p, v); }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
+static inline float vsum(vec_t v) { return _mm512_reduce_add_ps(v); }
+#define ISA_NAME "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VEC 8
+typedef __m256 vec_t;
+static inline vec_t vzero() { return _mm256_setzero_ps(); }
+static inline vec_t vset(float a) { return _mm256_set1_ps(a); }
+static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec_t v) { _mm256_storeu_ps(p, v); }
+static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
+static inline float vsum(vec_t v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#define ISA_NAME "avx2"
+#else
+#error "omnilab's kernels need -mavx512f or -mavx2 -mfma"
+#endif
