@@ -248,6 +248,9 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
         raise InputError(f"num_threads must be a positive integer; got {num_threads!r}")
     if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
         raise InputError(f"max_concurrency must be a positive integer; got {max_concurrency!r}")
+    from omnilab.stages._env import env_flag
+    for var in ("OMNILAB_CPU_INDUCTOR", "VLLM_OMNI_CPU_INDUCTOR", "OMNILAB_VLLM_PREDICTOR_PER_ROW"):
+        env_flag(None, var)  # a bad word is a ConfigError on every backend (eager ignores a good one)
     if isinstance(deploy, str) and deploy not in DEPLOY_MODES + ("multiprocess",):
         raise InputError(f"deploy {deploy!r} is not known; accepted: {', '.join(DEPLOY_MODES)} (alias "
                          "'multiprocess' for 'workers'), a VllmDeploy, "

@@ -111,7 +111,12 @@ class ModelGeometry:
                          decoder_params=int(114_323_137 * scale))
         from omnilab.config import stored_quantization
         extra["stored_quantization"] = stored_quantization(cfg.quantization_config)
-        return cls(name or f"{cfg.tts_model_type} {cfg.tts_model_size}", t.num_hidden_layers, t.hidden_size,
+        if not name:  # the config's size field names the family; a reduced test geometry says so (and its shape)
+            rel = cls.released(cfg.tts_model_size)
+            name = f"{cfg.tts_model_type} {cfg.tts_model_size}"
+            if (t.num_hidden_layers, t.hidden_size) != (rel.talker_layers, rel.talker_hidden):
+                name = f"{cfg.tts_model_type}, reduced geometry ({t.num_hidden_layers} layers x {t.hidden_size})"
+        return cls(name, t.num_hidden_layers, t.hidden_size,
                    t.intermediate_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size,
                    t.text_vocab_size, t.text_hidden_size, t.max_position_embeddings, p.num_hidden_layers,
                    p.hidden_size, p.intermediate_size, p.num_attention_heads, p.num_key_value_heads, p.head_dim,

@@ -60,3 +60,15 @@ def test_released_cost_geometry_is_the_checkpoint_geometry(size, released):
     decoder = SpeechTokenizerConfig.from_dict(speech_tokenizer_config_dict(size)).decoder
     got = ModelGeometry.from_config(_config(size), decoder)
     assert dataclasses.replace(got, name="") == dataclasses.replace(ModelGeometry.released(released), name="")
+
+
+def test_a_reduced_test_geometry_is_not_named_after_the_released_size(tiny_ckpt):
+    """The tiny checkpoint keeps tts_model_size "0b6" (it sets the variant's behaviour), but the profile's geometry
+    name says it is a reduced geometry, so a plan never reads as the 0.6B model; the 0.6B geometry keeps its name."""
+    from omnilab.checkpoint.load import read_configs
+    from omnilab.profiles.cost import ModelGeometry
+
+    cfg, speech = read_configs(tiny_ckpt("custom_voice"))
+    g = ModelGeometry.from_config(cfg, speech.decoder)
+    assert g.name.startswith("custom_voice, reduced geometry (") and "0b6" not in g.name
+    assert ModelGeometry.released("0b6").name == "Qwen3-TTS 0.6B (released geometry)"

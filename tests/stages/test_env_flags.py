@@ -34,3 +34,14 @@ def test_predictor_per_row_is_read_and_checked_by_the_client():
                       compile_predictor=False)["OMNILAB_VLLM_PREDICTOR_PER_ROW"] is None
     assert engine_env(VllmStageConfig(predictor_per_row=True), {},
                       compile_predictor=False)["OMNILAB_VLLM_PREDICTOR_PER_ROW"] == "1"
+
+
+@pytest.mark.parametrize("var", ["OMNILAB_CPU_INDUCTOR", "OMNILAB_VLLM_PREDICTOR_PER_ROW"])
+def test_a_bad_word_is_refused_on_the_eager_backend_too(tiny_ckpt, monkeypatch, var):
+    """The eager backend compiles nothing and has no vLLM predictor, but a garbage value is still a ConfigError
+    naming it (never silently off), before anything loads."""
+    from omnilab.pipeline import Pipeline
+
+    monkeypatch.setenv(var, "banana")
+    with pytest.raises(ConfigError, match=f"{var}='banana': accepted values are 1 / true"):
+        Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32")
