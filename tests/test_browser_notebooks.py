@@ -195,6 +195,11 @@ def _check_reopened(page, base: str, token: str, path: Path) -> None:
     page.goto(f"{base}/lab/workspaces/{path.stem}-reopened/tree/{path.name}?reset&token={token}")
     page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output", timeout=90_000)
     page.wait_for_selector(".omnilab-live", timeout=30_000)
+    try:  # widgets render one after another from the saved state: give the others the same 30 s, then judge
+        page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)')"
+                               ".innerText.includes('Loading widget')", timeout=30_000, polling=250)
+    except Exception:  # playwright's TimeoutError: the assertion below names what is still showing
+        pass
     out = page.evaluate(OUTPUTS_JS)
     bad = [b for b in BAD_TEXT if b in out["text"]]
     assert not bad, f"reopened {path.stem}: outputs show {bad}"

@@ -155,8 +155,35 @@ def main_guard_error(what: str) -> WorkerError:
     return WorkerError(main_guard_message(what))
 
 
+# The child leaves this file (path from the parent, in MARKER_ENV) before exiting for want of a guard: vLLM's own
+# error names the engine core's exit code only when the process had exited by the time it gave up, which a loaded
+# host does not promise ("Failed core proc(s): {}"), so the parent asks the file, not vLLM's message.
+MARKER_ENV = "OMNILAB_SPAWN_MARKER"
+
+
+def spawn_marker() -> str:
+    """A fresh path (not created) for MARKER_ENV."""
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="omnilab-spawn-")
+    os.close(fd)
+    os.unlink(path)
+    return path
+
+
+def guard_tripped(path: str) -> bool:
+    """Whether a child left the marker at ``path`` (removed either way)."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def check_spawnable(what: str) -> None:
     if _bootstrapping():
+        marker = os.environ.get(MARKER_ENV)
+        if marker:
+            open(marker, "w").close()
         sys.stderr.write(f"omnilab: {main_guard_message(what)}\n")
         sys.stderr.flush()
         raise SystemExit(MAIN_GUARD_EXIT_CODE)

@@ -131,7 +131,8 @@ class VllmTalkerStage:
         vllm.envs.disable_envs_cache()
         if c.multiprocess:  # the engine core and talker worker die with this process (stages/lifecycle.py)
             lifecycle.check_spawnable("vLLM engine core")
-            env = {**env, lifecycle.PARENT_ENV: lifecycle.parent_token()}
+            marker = lifecycle.spawn_marker()
+            env = {**env, lifecycle.PARENT_ENV: lifecycle.parent_token(), lifecycle.MARKER_ENV: marker}
         try:
             if not c.multiprocess and m.talker is not None:
                 from omnilab.stages.vllm.model import share_talker
@@ -139,8 +140,8 @@ class VllmTalkerStage:
                 kwargs["hf_overrides"] = {**kwargs["hf_overrides"], "omnilab_share_key": self._share_key}
             with temporary_environ(env):
                 engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
-        except Exception as e:  # vLLM reports a failed engine core by its exit code
-            if c.multiprocess and f": {lifecycle.MAIN_GUARD_EXIT_CODE}}}" in str(e):
+        except Exception:  # an engine core that stopped for want of a __main__ guard left the marker
+            if c.multiprocess and lifecycle.guard_tripped(marker):
                 raise lifecycle.main_guard_error("vLLM engine core") from None
             raise
         finally:
