@@ -18,72 +18,51 @@ Choice, resolved once per process (:func:`attention_choice`), with a reason; ``O
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
-from omnilab.kernels.trust import open_library, symbol
+from omnilab.kernels.choice import KERNEL_MODES, KernelChoice, KernelLib, KernelSlot, resolve_simple
 
 ENV = "OMNILAB_CPU_ATTN"
 MODES = KERNEL_MODES
 MAX_HEAD_DIM = 512
-# bf16 caches are widened to fp32 row by row for every query head (2 x Hq x L x D scalar conversions per layer):
-# cheap over the code predictor's short history (<= 17 positions), ~1.2 M conversions per layer over a 0.6B talker's
-# 300, where torch's SDPA reads bf16 in vectors; so bf16 takes the kernel up to this many positions.
-BF16_MAX_POSITIONS = 32
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _P = ctypes.c_void_p
 
 
-@dataclass(frozen=True)
-class AttentionChoice:
-    """Which implementation the decoder's one-token attention uses, and why."""
-
-    mode: str             # "omnilab" | "torch"
-    isa: str | None
-    library: str | None
-    reason: str
-    source: str           # "auto" | "env" | "argument" (use_attention)
-
-    @property
-    def label(self) -> str:
-        return f"omnilab-{self.isa} (one call per layer)" if self.mode == "omnilab" else "torch (~25 ops per layer)"
-
-    def __repr__(self) -> str:
-        return f"AttentionChoice({self.label!r}, source={self.source!r})"
+ARGTYPES = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, _P, _P, _P] + [ctypes.c_int64] * 4 + \
+    [ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
-class _Lib:
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
-        fn = symbol(self.lib, "omnilab_decode_attn", path)
-        fn.argtypes = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, _P, _P, _P] + [ctypes.c_int64] * 4 + \
-            [ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        self.fn = fn
-        isa = symbol(self.lib, "omnilab_attn_isa", path)
-        isa.restype = ctypes.c_char_p
-        self.isa = isa().decode()
+def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
+    return KernelLib(path, "omnilab_decode_attn", "omnilab_attn_isa", ARGTYPES)
 
 
-def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[AttentionChoice, _Lib | None]:
+def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[KernelChoice, KernelLib | None]:
     """Decide (and build) without installing the result; :func:`attention_choice` caches it per process."""
-    lib, reason, source = resolve_kernel(ENV, "decode attention", "attn", _Lib, "torch's ops (~25 per layer)", env,
-                                         flags)
-    if lib is None:
-        return AttentionChoice("torch", None, None, reason, source), None
-    return AttentionChoice("omnilab", lib.isa, str(lib.path), f"{reason}; q/k norm, RoPE, cache write and attention "
-                           "of one token in one call per layer", source), lib
+    return resolve_simple(ENV, "decode attention", "attn", _Lib, "q/k norm, RoPE, cache write and attention of one "
+                          "token in one call per layer", "~25 ops per layer", env, flags)
+
+
+def launch(lib: KernelLib, qkv_p: int, nw_p: int, cos_p: int, sin_p: int, rope_stride: int, kp: list[int],
+           vp: list[int], caps: list[int], positions: list[int], out_p: int, heads: tuple[int, int, int], eps: float,
+           scale: float, code: int, threads: int) -> None:
+    """The kernel on raw pointers (:func:`decode_attention` and the decode step call it): per row its k/v cache
+    pointers, capacity and position; ``heads`` = (Hq, Hkv, D); ``code`` 0 fp32, 1 bf16."""
+    b = len(positions)
+    arr = ctypes.c_int64 * b
+    hq, hkv, d = heads
+    if lib.fn(qkv_p, nw_p, cos_p, sin_p, rope_stride, arr(*kp), arr(*vp), arr(*caps), arr(*positions), out_p, b, hq,
+              hkv, d, float(eps), float(scale), code, threads):
+        raise RuntimeError(f"omnilab_decode_attn rejected B={b}, heads {hq}/{hkv}, D={d}, positions "
+                           f"{list(positions)} for capacities {list(caps)}")
 
 
 _SLOT = KernelSlot(resolve)
 
 
-def attention_choice() -> AttentionChoice:
+def attention_choice() -> KernelChoice:
     """The process's decode-attention choice (resolved, and the kernel built, on first use)."""
     return _SLOT.get()
 
@@ -115,8 +94,6 @@ def decode_attention(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, c
             or cos.dtype != qkv.dtype or sin_signed.dtype != qkv.dtype or not cos.is_contiguous()
             or not sin_signed.is_contiguous() or (torch.is_grad_enabled() and qkv.requires_grad)):
         return None
-    if code == 1 and max(positions) >= BF16_MAX_POSITIONS:
-        return None
     caps, kp, vp = [], [], []
     for kb, vb in zip(k_bufs, v_bufs):
         if kb.dtype != qkv.dtype or not kb.is_contiguous() or not vb.is_contiguous():
@@ -126,12 +103,7 @@ def decode_attention(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, c
         vp.append(vb.data_ptr())
     nw = norm_weight if norm_weight.is_contiguous() else norm_weight.contiguous()
     out = torch.empty(b, 1, num_heads * head_dim, dtype=qkv.dtype)
-    arr = ctypes.c_int64 * b
-    rc = lib.fn(qkv.data_ptr(), nw.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
-                0 if cos.shape[0] == 1 else head_dim, arr(*kp), arr(*vp), arr(*caps), arr(*positions),
-                out.data_ptr(), b, num_heads, num_kv_heads, head_dim, float(eps), float(scale), code,
-                torch.get_num_threads())
-    if rc:
-        raise RuntimeError(f"omnilab_decode_attn rejected B={b}, heads {num_heads}/{num_kv_heads}, D={head_dim}, "
-                           f"positions {list(positions)} for capacities {caps}")
+    launch(lib, qkv.data_ptr(), nw.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+           0 if cos.shape[0] == 1 else head_dim, kp, vp, caps, list(positions), out.data_ptr(),
+           (num_heads, num_kv_heads, head_dim), eps, scale, code, torch.get_num_threads())
     return out

@@ -67,7 +67,9 @@ static inline float dot(const float* a, const float* b, int64_t D) {
 // A cache row as fp32: fp32 rows in place, bf16 rows widened exactly into buf.
 static inline const float* kb_f32(const float* row, float*, int64_t) { return row; }
 static inline const float* kb_f32(const uint16_t* row, float* buf, int64_t D) {
-  for (int64_t k = 0; k < D; ++k) buf[k] = ld(row, k);
+  const int64_t dv = D - D % VEC;
+  for (int64_t k = 0; k < dv; k += VEC) vstore(buf + k, vload(row + k));  // widened in lanes (simd.h)
+  for (int64_t k = dv; k < D; ++k) buf[k] = ld(row, k);
   return buf;
 }
 

@@ -8,6 +8,7 @@ error), ``torch``. :func:`resolve_kernel` applies these rules; a :class:`KernelS
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import warnings
@@ -108,3 +109,51 @@ class KernelSlot:
             yield self.choice
         finally:
             self.choice, self.lib = saved
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelChoice:
+    """Which implementation a one-library kernel module uses, and why (:mod:`~omnilab.kernels.norm`,
+    :mod:`~omnilab.kernels.attention`): ``label`` says the kernel's ``kernel_note`` or torch's ``torch_note``."""
+
+    mode: str             # "omnilab" | "torch"
+    isa: str | None       # "avx512" | "avx2" | None
+    library: str | None   # path of the compiled kernel
+    reason: str
+    source: str           # "auto" | "env" | "argument" (KernelSlot.use)
+    kernel_note: str = ""
+    torch_note: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"omnilab-{self.isa} ({self.kernel_note})" if self.mode == "omnilab" else f"torch ({self.torch_note})"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.label!r}, source={self.source!r})"
+
+
+class KernelLib:
+    """A built library with one entry point ``fn`` (its ``argtypes``, returning int) and ``<prefix>_isa``."""
+
+    def __init__(self, path: Path, entry: str, isa_symbol: str, argtypes: list):
+        from omnilab.kernels.trust import open_library, symbol
+
+        self.path = Path(path)
+        self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
+        self.fn = symbol(self.lib, entry, path)
+        self.fn.argtypes = argtypes
+        self.fn.restype = ctypes.c_int
+        isa = symbol(self.lib, isa_symbol, path)
+        isa.restype = ctypes.c_char_p
+        self.isa = isa().decode()
+
+
+def resolve_simple(var: str, what: str, name: str, loader: Callable[[Path], KernelLib], kernel_note: str,
+                   torch_note: str, env: str | None = None, flags: frozenset[str] | None = None
+                   ) -> tuple[KernelChoice, Any]:
+    """:func:`resolve_kernel` for a :class:`KernelLib` kernel built from ``<name>.cpp``: ``(choice, lib or None)``."""
+    lib, reason, source = resolve_kernel(var, what, name, loader, torch_note, env, flags)
+    if lib is None:
+        return KernelChoice("torch", None, None, reason, source, kernel_note, torch_note), None
+    return KernelChoice("omnilab", lib.isa, str(lib.path), f"{reason}; {kernel_note}", source, kernel_note,
+                        torch_note), lib

@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from omnilab.errors import ConfigError
+from omnilab.kernels import gemv, qgemv
 from omnilab.kernels.quant import ROWS, QuantizedWeight
 
 ENV = "OMNILAB_FUSE_PROJECTIONS"
@@ -49,9 +50,7 @@ def kernel_takes(x: torch.Tensor, weight: Weight) -> bool:
     if not 1 <= rows <= MAX_ROWS or x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
         return False
     if isinstance(weight, QuantizedWeight):
-        from omnilab.kernels.qgemv import loaded_library as qlib
-        return qlib() is not None and weight.shape[1] == k
-    from omnilab.kernels import gemv
+        return qgemv.loaded_library() is not None and weight.shape[1] == k
     if weight.dtype != torch.bfloat16 or gemv.loaded_library() is None or weight.shape[1] != k:
         return False
     if x.dtype == torch.float32:
@@ -137,8 +136,7 @@ class FusedProjection:
         fused = self.get(modules)
         if fused is None:
             return None
-        from omnilab.kernels.gemv import linear
-        return linear(x, fused)
+        return gemv.linear(x, fused)
 
     def __call__(self, x: torch.Tensor, modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, ...] | None:
         """The outputs of ``modules`` (views of :meth:`output`), or None (see there)."""

@@ -11,45 +11,14 @@
 // an fp32 model whose matrices stay in bf16 computes the same products from half the bytes: decode,
 // which is bandwidth bound, reads 2x fewer bytes per frame.
 //
-// Built by omnilab/kernels/build.py twice per source hash: with -mavx512f (VEC = 16) and with
-// -mavx2 -mfma (VEC = 8). OpenMP threads come from the OpenMP runtime already loaded by torch
+// Built by omnilab/kernels/build.py twice per source hash (vector helpers: simd.h): with -mavx512f (VEC = 16)
+// and with -mavx2 -mfma (VEC = 8). OpenMP threads come from the OpenMP runtime already loaded by torch
 // (same soname), and their number from the caller (torch.get_num_threads()).
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 
-#if defined(__AVX512F__)
-#define VEC 16
-typedef __m512 vec_t;
-static inline vec_t vzero() { return _mm512_setzero_ps(); }
-static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
-// bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word.
-static inline vec_t vload(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
-static inline float vsum(vec_t v) { return _mm512_reduce_add_ps(v); }
-#define ISA_NAME "avx512"
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VEC 8
-typedef __m256 vec_t;
-static inline vec_t vzero() { return _mm256_setzero_ps(); }
-static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
-static inline vec_t vload(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-}
-static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vsum(vec_t v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#define ISA_NAME "avx2"
-#else
-#error "gemv.cpp needs -mavx512f or -mavx2 -mfma"
-#endif
+#include "simd.h"
 
 static inline float to_float(float v) { return v; }
 static inline float to_float(uint16_t v) {

@@ -156,10 +156,15 @@ def _call(lib: _Lib, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     w = weight if weight.is_contiguous() else weight.contiguous()
     b = None if bias is None else bias.contiguous()
     y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    fn = lib.fn_bf16w if w.dtype == torch.bfloat16 else lib.fn
-    fn(x2.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(), rows, n, k,
-           torch.get_num_threads())
+    launch(lib, x2.data_ptr(), w, None if b is None else b.data_ptr(), y.data_ptr(), rows, torch.get_num_threads())
     return y
+
+
+def launch(lib: _Lib, xp: int, w: torch.Tensor, bp: int | None, yp: int, rows: int, threads: int) -> None:
+    """The kernel on raw pointers (``_call`` and the decode step call it): fp32 rows at ``xp`` over the contiguous
+    fp32 or bf16 ``w`` [N, K] (+ fp32 bias at ``bp``) into ``yp`` [rows, N]."""
+    n, k = w.shape
+    (lib.fn_bf16w if w.dtype == torch.bfloat16 else lib.fn)(xp, w.data_ptr(), bp, yp, rows, n, k, threads)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,64 +17,40 @@ Choice, resolved once per process (:func:`norm_choice`), with a reason; ``OMNILA
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
-from omnilab.kernels.trust import open_library, symbol
+from omnilab.kernels.choice import KERNEL_MODES, KernelChoice, KernelLib, KernelSlot, resolve_simple
 
 ENV = "OMNILAB_CPU_NORM"
 MODES = KERNEL_MODES
 MAX_BF16_DIM = 4096  # norm.cpp's bf16 row buffer
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+ARGTYPES = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
-@dataclass(frozen=True)
-class NormChoice:
-    """Which implementation :func:`rms_norm` uses, and why."""
-
-    mode: str             # "omnilab" | "torch"
-    isa: str | None
-    library: str | None
-    reason: str
-    source: str           # "auto" | "env" | "argument" (use_norm)
-
-    @property
-    def label(self) -> str:
-        return f"omnilab-{self.isa} (one call per norm)" if self.mode == "omnilab" else "torch (8 ops per norm)"
-
-    def __repr__(self) -> str:
-        return f"NormChoice({self.label!r}, source={self.source!r})"
+def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
+    return KernelLib(path, "omnilab_rmsnorm", "omnilab_norm_isa", ARGTYPES)
 
 
-class _Lib:
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
-        fn = symbol(self.lib, "omnilab_rmsnorm", path)
-        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        self.fn = fn
-        isa = symbol(self.lib, "omnilab_norm_isa", path)
-        isa.restype = ctypes.c_char_p
-        self.isa = isa().decode()
-
-
-def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[NormChoice, _Lib | None]:
+def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[KernelChoice, KernelLib | None]:
     """Decide (and build) without installing the result; :func:`norm_choice` caches it per process."""
-    lib, reason, source = resolve_kernel(ENV, "RMSNorm", "norm", _Lib, "torch's ops (8 per norm)", env, flags)
-    if lib is None:
-        return NormChoice("torch", None, None, reason, source), None
-    return NormChoice("omnilab", lib.isa, str(lib.path), f"{reason}; one call per norm instead of 8 torch ops",
-                      source), lib
+    return resolve_simple(ENV, "RMSNorm", "norm", _Lib,
+                          "one call per norm instead of torch's 8 ops", "8 ops per norm", env, flags)
+
+
+def launch(lib: KernelLib, xp: int, wp: int, yp: int, rows: int, d: int, w_rows: int, eps: float, code: int,
+           threads: int) -> None:
+    """The kernel on raw pointers (``rms_norm`` and the decode step call it): ``rows`` x ``d`` of dtype ``code``
+    (0 fp32, 1 bf16), weight rows ``w_rows``."""
+    if lib.fn(xp, wp, yp, rows, d, w_rows, float(eps), code, threads):
+        raise RuntimeError(f"omnilab_rmsnorm rejected {rows} x {d} rows with {w_rows} weight rows")
 
 
 _SLOT = KernelSlot(resolve)
 
 
-def norm_choice() -> NormChoice:
+def norm_choice() -> KernelChoice:
     """The process's RMSNorm choice (resolved, and the kernel built, on first use)."""
     return _SLOT.get()
 
@@ -118,6 +94,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xc = x if x.is_contiguous() else x.contiguous()
     w = weight if weight.is_contiguous() else weight.contiguous()
     y = torch.empty_like(xc)
-    if lib.fn(xc.data_ptr(), w.data_ptr(), y.data_ptr(), rows, d, w_rows, float(eps), code, torch.get_num_threads()):
-        raise RuntimeError(f"omnilab_rmsnorm rejected x {tuple(x.shape)} with weight {tuple(weight.shape)}")
+    launch(lib, xc.data_ptr(), w.data_ptr(), y.data_ptr(), rows, d, w_rows, eps, code, torch.get_num_threads())
     return y

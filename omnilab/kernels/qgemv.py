@@ -178,11 +178,19 @@ def _call(lib: _Lib, x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
         x2 = x2.contiguous()
     b = None if bias is None else bias.contiguous()
     y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    rc = lib.fn(x2.data_ptr(), qw.qweight.data_ptr(), qw.scales.data_ptr(), None if b is None else b.data_ptr(),
-                y.data_ptr(), rows, n, k, qw.bits, qw.group_size, activations == "int8", torch.get_num_threads())
-    if rc:
-        raise ValueError(f"omnilab_qgemv rejected {qw!r} with {rows} rows")
+    launch(lib, x2.data_ptr(), qw, None if b is None else b.data_ptr(), y.data_ptr(), rows, activations == "int8",
+           torch.get_num_threads())
     return y
+
+
+def launch(lib: _Lib, xp: int, qw: QuantizedWeight, bp: int | None, yp: int, rows: int, act_int8: bool,
+           threads: int) -> None:
+    """The kernel on raw pointers (``_call`` and the decode step call it): fp32 rows at ``xp`` over ``qw``
+    (+ fp32 bias at ``bp``) into ``yp`` [rows, N]; ``act_int8``: the int8-activation mode."""
+    n, k = qw.shape
+    if lib.fn(xp, qw.qweight.data_ptr(), qw.scales.data_ptr(), bp, yp, rows, n, k, qw.bits, qw.group_size, act_int8,
+              threads):
+        raise ValueError(f"omnilab_qgemv rejected {qw!r} with {rows} rows")
 
 
 def dequantized_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,9 +1,10 @@
-// omnilab's fp32 vector helpers shared by the decoder kernels (norm.cpp, attn.cpp): one register of VEC lanes,
-// with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8). build.py hashes this header with every source that
+// omnilab's fp32 vector helpers shared by the decoder kernels (gemv.cpp, norm.cpp, attn.cpp): one register of
+// VEC lanes, with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8). build.py hashes this header with every source that
 // includes it, so an edit here rebuilds them. vsum's lane reduction is fixed per ISA (results stay independent
 // of batch mates and thread counts).
 #pragma once
 #include <immintrin.h>
+#include <stdint.h>
 
 #if defined(__AVX512F__)
 #define VEC 16
@@ -11,6 +12,10 @@ typedef __m512 vec_t;
 static inline vec_t vzero() { return _mm512_setzero_ps(); }
 static inline vec_t vset(float a) { return _mm512_set1_ps(a); }
 static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
+// bf16 -> fp32 is exact: the 16 bits become the high half of the fp32 word.
+static inline vec_t vload(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
 static inline void vstore(float* p, vec_t v) { _mm512_storeu_ps(p, v); }
 static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
@@ -22,6 +27,9 @@ typedef __m256 vec_t;
 static inline vec_t vzero() { return _mm256_setzero_ps(); }
 static inline vec_t vset(float a) { return _mm256_set1_ps(a); }
 static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline vec_t vload(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
 static inline void vstore(float* p, vec_t v) { _mm256_storeu_ps(p, v); }
 static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }

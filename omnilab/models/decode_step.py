@@ -15,7 +15,6 @@ else takes the general path. ``OMNILAB_DECODE_STEP=auto|off`` (``off``: the gene
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import Any, Sequence
 
@@ -39,28 +38,15 @@ def enabled() -> bool:
 
 
 def _matmul(w: Any, glib: Any, qlib: Any):
-    """``call(x_ptr, y_ptr, rows)`` for the kernel that :func:`omnilab.kernels.linear` would use on ``w`` (fp32
-    rows, no bias), or None."""
+    """``call(x_ptr, y_ptr, rows, threads)``: the kernel :func:`omnilab.kernels.linear` would use on ``w`` (fp32 rows,
+    no bias) through that kernel's own ``launch``, or None where it is not one of omnilab's kernels."""
     if isinstance(w, QuantizedWeight):
         if qlib is None:
             return None
-        n, k = w.shape
-        args = (w.qweight.data_ptr(), w.scales.data_ptr(), None)
-        bits, gs = w.bits, w.group_size
         act8 = (w.activations or AUTO_ACTIVATIONS[w.method]) == "int8"
-        fn = qlib.fn
-
-        def call(xp, yp, rows, nt):
-            if fn(xp, args[0], args[1], None, yp, rows, n, k, bits, gs, act8, nt):
-                raise ValueError(f"omnilab_qgemv rejected {w!r} with {rows} rows")
-        return call
+        return lambda xp, yp, rows, nt: qgemv.launch(qlib, xp, w, None, yp, rows, act8, nt)
     if isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.dim() == 2 and w.is_contiguous() and glib:
-        n, k = w.shape
-        wp, fn = w.data_ptr(), glib.fn_bf16w
-
-        def call(xp, yp, rows, nt):
-            fn(xp, wp, None, yp, rows, n, k, nt)
-        return call
+        return lambda xp, yp, rows, nt: gemv.launch(glib, xp, w, None, yp, rows, nt)
     return None
 
 
@@ -105,7 +91,7 @@ class DecodeStep:
         inter = m.gate_proj.weight.shape[0]
         return dict(qkv=calls[0], o=calls[1], gu=calls[2], down=calls[3], nqkv=qkv.shape[0], ngu=gate_up.shape[0],
                     inter=inter, ln1=(ln1.weight, ln1.eps), ln2=(ln2.weight, ln2.eps), qk=(qk_w, a.q_norm.eps),
-                    heads=(a.num_heads, a.num_kv_heads, a.head_dim), scale=a.scale, norm=nlib.fn, attn=alib.fn,
+                    heads=(a.num_heads, a.num_kv_heads, a.head_dim), scale=a.scale, nlib=nlib, alib=alib,
                     keep=(qkv, gate_up, qk_w))  # keep: the fused matrices outlive the pointers taken from them
 
     def plan(self, layer):
@@ -150,28 +136,25 @@ class DecodeStep:
             kp, vp = [t.data_ptr() for t in kbs], [t.data_ptr() for t in vbs]
             caps = [t.shape[2] for t in kbs]
         nt = torch.get_num_threads()
-        xp = x.data_ptr()
+        nlib, alib = p["nlib"], p["alib"]
         # input norm -> fused q/k/v -> one-token attention (writes the caches) -> o_proj, residual
         h = torch.empty_like(x)
         w, eps = p["ln1"]
-        p["norm"](xp, w.data_ptr(), h.data_ptr(), b, hdim, 1, eps, 0, nt)
+        norm_k.launch(nlib, x.data_ptr(), w.data_ptr(), h.data_ptr(), b, hdim, 1, eps, 0, nt)
         qkv = torch.empty(b, 1, p["nqkv"])
         p["qkv"](h.data_ptr(), qkv.data_ptr(), b, nt)
         att = torch.empty(b, 1, hq * d)
-        arr = ctypes.c_int64 * b
         qk_w, qk_eps = p["qk"]
-        rc = p["attn"](qkv.data_ptr(), qk_w.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
-                       0 if cos.shape[0] == 1 else d, arr(*kp), arr(*vp), arr(*caps), arr(*positions), att.data_ptr(),
-                       b, hq, hkv, d, qk_eps, p["scale"], 0, nt)
-        if rc:
-            raise RuntimeError(f"omnilab_decode_attn rejected positions {positions} for capacities {caps}")
+        attn_k.launch(alib, qkv.data_ptr(), qk_w.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+                      0 if cos.shape[0] == 1 else d, kp, vp, caps, positions, att.data_ptr(), p["heads"], qk_eps,
+                      p["scale"], 0, nt)
         o = torch.empty(b, 1, hdim)
         p["o"](att.data_ptr(), o.data_ptr(), b, nt)
         x = x + o
         # post-attention norm -> fused gate/up -> silu(gate) * up -> down_proj, residual
         h = torch.empty_like(x)
         w, eps = p["ln2"]
-        p["norm"](x.data_ptr(), w.data_ptr(), h.data_ptr(), b, hdim, 1, eps, 0, nt)
+        norm_k.launch(nlib, x.data_ptr(), w.data_ptr(), h.data_ptr(), b, hdim, 1, eps, 0, nt)
         gu = torch.empty(b, 1, p["ngu"])
         p["gu"](h.data_ptr(), gu.data_ptr(), b, nt)
         inter = p["inter"]
