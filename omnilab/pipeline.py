@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import itertools
 import os
 import time
@@ -142,6 +143,8 @@ class Pipeline(OwnedRequests, PipelineRepr):
         from omnilab.kernels.storage import weight_storage_choice
         from omnilab.kernels.timing import linear_paths
         # resolved here: a bad kernel/dtype/quantization variable fails before any worker starts; kernels built once
+        for decoder_kernel in ("norm", "attention", "stack"):  # RMSNorm, one-token attention, one-call stack
+            importlib.import_module(f"omnilab.kernels.{decoder_kernel}")._SLOT.get()
         weights = weight_storage_choice(compute := resolve_dtype(dep.dtype)[0])
         quant_row = quantization_row(path, *dep.quantization_request(quantization, quant_group_size), weights, compute,
                                      configs[0])

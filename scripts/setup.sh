@@ -38,7 +38,7 @@ if bad:
 import omnilab  # noqa: F401
 print(f"[setup] ok: python {sys.version.split()[0]}, torch {torch.__version__}, omnilab importable")
 PY
-# Build omnilab's C++ kernels now (decode linears, RMSNorm, one-token attention, code2wav's SnakeBeta; cached under $OMNILAB_CACHE/kernels; ~1 s each with g++).
+# Build omnilab's C++ kernels now (decode linears, RMSNorm, one-token attention, the decode stack, code2wav's SnakeBeta; cached under $OMNILAB_CACHE/kernels; ~1 s each with g++).
 .venv/bin/python -m omnilab.kernels | sed 's/^/[setup] /'
 # Jupyter: the py:percent notebooks open as notebooks on a double click in `.venv/bin/jupyter lab` (jupytext's Lab
 # extension as the default viewer of Python files), widget state is saved with the notebook (a reopened notebook

@@ -16,7 +16,7 @@ os.environ.setdefault("OMNILAB_PLAN_TIMING", "off")
 # sets them for every process, and the choice is cached per process, so a test that clears the environment
 # keeps them (else a worker process would resolve another kernel than this one).
 KERNEL_VARS = ("OMNILAB_CPU_GEMV", "OMNILAB_CPU_SNAKE", "OMNILAB_CPU_QGEMV", "OMNILAB_CPU_NORM", "OMNILAB_CPU_ATTN",
-               "OMNILAB_CACHE",
+               "OMNILAB_CPU_STACK", "OMNILAB_CACHE",
                "OMNILAB_PLAN_TIMING")
 VLLM_CPU_VARS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
                  "VLLM_OMNI_CPU_INDUCTOR")

@@ -12,7 +12,8 @@
   ``QuantizedWeight`` to ``qlinear`` (``OMNILAB_CPU_QGEMV``).
 - :mod:`omnilab.kernels.norm`: the decoder's RMSNorm in one call per norm (``OMNILAB_CPU_NORM``);
   :mod:`omnilab.kernels.attention`: one token's q/k norm, RoPE, cache write and attention per layer (``OMNILAB_CPU_ATTN``);
-  :mod:`omnilab.kernels.fuse`: q/k/v and gate/up read in one decode call each (``OMNILAB_FUSE_PROJECTIONS``).
+  :mod:`omnilab.kernels.fuse`: q/k/v and gate/up read in one decode call each (``OMNILAB_FUSE_PROJECTIONS``);
+  :mod:`omnilab.kernels.stack`: a decoder stack's one-token step in one call, and the MLP's SwiGLU (``OMNILAB_CPU_STACK``).
 - :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
 - :mod:`omnilab.kernels.code2wav_dtype`: :func:`code2wav_dtype_choice`, bf16 conv-decoder GEMMs for code2wav where
   measured faster (``OMNILAB_CODE2WAV_DTYPE``).

@@ -1,6 +1,6 @@
 """``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why, and
 how an fp32 talker's decode matrices would be stored, which quantized-GEMV kernel ``quantization=`` would use, the
-decoder's RMSNorm and one-token attention, which SnakeBeta code2wav runs and in which dtype its conv decoder computes, the linear paths (bf16 decode rows,
+decoder's RMSNorm, one-token attention and one-call decode stack, which SnakeBeta code2wav runs and in which dtype its conv decoder computes, the linear paths (bf16 decode rows,
 prefill GEMMs) and the talker dtype ``dtype="auto"`` gets, from the timing of this machine (``kernels.timing``)."""
 from omnilab.kernels import gemv_choice
 
@@ -24,12 +24,14 @@ if __name__ == "__main__":
     from omnilab.kernels.qgemv import qgemv_choice
     from omnilab.kernels.quant import quantization_choice
     from omnilab.kernels.snake import snake_choice
+    from omnilab.kernels.stack import stack_choice
     from omnilab.kernels.storage import weight_storage_choice
     say("decode weights of an fp32 talker", weight_storage_choice(torch.float32))
     say("quantized decode linears (quantization=int8/int4)", qgemv_choice())
     say("quantization of this environment", quantization_choice())
     say("decoder RMSNorm", norm_choice())
     say("decoder one-token attention", attention_choice())
+    say("decoder stack step (all layers in one call) and SwiGLU", stack_choice())
     say("code2wav SnakeBeta", snake_choice())
     say("code2wav dtype", code2wav_dtype_choice())  # no pipeline here: the rule without a talker dtype
     from omnilab.checkpoint.load import resolve_dtype

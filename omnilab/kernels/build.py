@@ -26,9 +26,10 @@ from omnilab.kernels.trust import KernelBuildError, check_dir, record_digest, un
 SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
 COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
-LINK_FLAGS = {"snake": ("-lmvec",), "attn": ("-lmvec",)}  # per source: glibc's vector math (sinf, expf)
-# per source: the decode attention rounds each RoPE op as torch does (no a * b + c contracted into one FMA)
-SOURCE_FLAGS = {"attn": ("-ffp-contract=off",)}
+LINK_FLAGS = {"snake": ("-lmvec",), "attn": ("-lmvec",), "stack": ("-lmvec",)}  # per source: glibc's vector math (sinf, expf)
+# per source: the decode attention rounds each RoPE op as torch does, the stack its SwiGLU (no a * b + c contracted
+# into one FMA)
+SOURCE_FLAGS = {"attn": ("-ffp-contract=off",), "stack": ("-ffp-contract=off",)}
 # per source and ISA: the quantized GEMV's avx512 build uses vpdpbusd (qgemv.py picks it only with avx512_vnni)
 SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni",)}
 

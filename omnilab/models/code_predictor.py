@@ -108,7 +108,8 @@ class CodePredictor(nn.Module):
             if j > 0:
                 fed = codes if forced is None else forced
                 x = proj(F.embedding(fed[:, j - 1:j], tables[j - 1]))  # [B, 1, Hc]
-                hidden = run_stack(layers, norm, self.rope, x, cache)
+                # the weights cannot change between the steps of one frame: checked at its first one-token step
+                hidden = run_stack(layers, norm, self.rope, x, cache, recheck=j == 1)
                 logits = linear(hidden[:, -1], heads[j])
             if all_logits is not None:
                 all_logits.append(logits.float())

@@ -11,42 +11,58 @@ Numerics: the same kernels with the same arguments as the general path (``gemv.c
 the result is bitwise the general path's (tests/models/test_decode_step.py). It applies where every piece is one
 of omnilab's kernels: fp32 rows, no autograd, no torch.compile, bias-free matrices stored in bf16 or quantized,
 the fused projections on (``OMNILAB_FUSE_PROJECTIONS``) and the RMSNorm / attention / GEMV kernels in use; anything
-else takes the general path. ``OMNILAB_DECODE_STEP=auto|off`` (``off``: the general path, to time both side by side).
+else takes the general path.
+
+:class:`StackStep` goes one further: every layer of a stack and its final norm in one ``stack.cpp`` call over the
+layers' plans (the same kernels through their function pointers, same arguments and order: bitwise the layer
+steps), where ``OMNILAB_CPU_STACK`` gives the library. ``OMNILAB_DECODE_STEP=auto|layer|off``: ``auto`` the one-call
+stack where it applies, else per layer; ``layer`` the per-layer calls only; ``off`` the general path (to time all
+three side by side).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from omnilab.kernels import attention as attn_k
-from omnilab.kernels import fuse, gemv, norm as norm_k, qgemv
+from omnilab.kernels import fuse, gemv, norm as norm_k, qgemv, stack as stack_k
 from omnilab.errors import ConfigError
 from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight
 
 ENV = "OMNILAB_DECODE_STEP"
-MODES = ("auto", "off")
+MODES = ("auto", "layer", "off")
 
 
-def enabled() -> bool:
+def mode() -> str:
+    """``OMNILAB_DECODE_STEP``: ``auto`` (a stack in one call where it applies, else per layer), ``layer`` (the
+    per-layer direct calls only), ``off`` (the general path): to time them side by side."""
     raw = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if raw not in MODES:
         raise ConfigError(f"{ENV}={os.environ.get(ENV)!r} is not a mode; accepted: {', '.join(MODES)}")
-    return raw == "auto"
+    return raw
+
+
+def enabled() -> bool:
+    return mode() != "off"
 
 
 def _matmul(w: Any, glib: Any, qlib: Any):
-    """``call(x_ptr, y_ptr, rows, threads)``: the kernel :func:`omnilab.kernels.linear` would use on ``w`` (fp32 rows,
-    no bias) through that kernel's own ``launch``, or None where it is not one of omnilab's kernels."""
+    """``(call, mat)`` for the kernel :func:`omnilab.kernels.linear` would use on ``w`` (fp32 rows, no bias):
+    ``call(x_ptr, y_ptr, rows, threads)`` through that kernel's own ``launch``, and its ``stack.Mat`` descriptor
+    (what ``stack.cpp`` calls); None where it is not one of omnilab's kernels."""
     if isinstance(w, QuantizedWeight):
         if qlib is None:
             return None
         act8 = (w.activations or AUTO_ACTIVATIONS[w.method]) == "int8"
-        return lambda xp, yp, rows, nt: qgemv.launch(qlib, xp, w, None, yp, rows, act8, nt)
+        mat = stack_k.Mat(1, w.qweight.data_ptr(), w.scales.data_ptr(), w.shape[0], w.shape[1], w.bits,
+                          w.group_size or 0, int(act8))
+        return (lambda xp, yp, rows, nt: qgemv.launch(qlib, xp, w, None, yp, rows, act8, nt)), mat
     if isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.dim() == 2 and w.is_contiguous() and glib:
-        return lambda xp, yp, rows, nt: gemv.launch(glib, xp, w, None, yp, rows, nt)
+        mat = stack_k.Mat(0, w.data_ptr(), None, w.shape[0], w.shape[1], 0, 0, 0)
+        return (lambda xp, yp, rows, nt: gemv.launch(glib, xp, w, None, yp, rows, nt)), mat
     return None
 
 
@@ -61,10 +77,13 @@ class DecodeStep:
 
     @staticmethod
     def _weights(layer) -> tuple:
-        a, m = layer.self_attn, layer.mlp
-        return (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.gate_proj.weight,
-                m.up_proj.weight, m.down_proj.weight, layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                a.q_norm.weight, a.k_norm.weight)
+        # Straight from the modules' dicts (nn.Module.__getattr__ costs ~1 us a lookup, and this runs every step):
+        # a parameter in _parameters, or a QuantizedWeight installed as a plain attribute.
+        sub = layer._modules
+        a, m = sub["self_attn"]._modules, sub["mlp"]._modules
+        return tuple(_weight(mod) for mod in (a["q_proj"], a["k_proj"], a["v_proj"], a["o_proj"], m["gate_proj"],
+                                              m["up_proj"], m["down_proj"], sub["input_layernorm"],
+                                              sub["post_attention_layernorm"], a["q_norm"], a["k_norm"]))
 
     @staticmethod
     def _identity(ws: tuple) -> tuple:
@@ -83,16 +102,25 @@ class DecodeStep:
             return None
         calls = [_matmul(w, glib, qlib) for w in (qkv, a.o_proj.weight, gate_up, m.down_proj.weight)]
         ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-        if any(c is None for c in calls) or ln1.weight.dtype != torch.float32 or ln2.weight.dtype != torch.float32:
+        if any(c is None for c in calls) or any(w.dtype != torch.float32 or not w.is_contiguous()
+                                                for w in (ln1.weight, ln2.weight)):
             return None
         qk_w = a._qk_weight()
         if qk_w.dtype != torch.float32 or a.head_dim > attn_k.MAX_HEAD_DIM or a.num_heads % a.num_kv_heads:
             return None
         inter = m.gate_proj.weight.shape[0]
-        return dict(qkv=calls[0], o=calls[1], gu=calls[2], down=calls[3], nqkv=qkv.shape[0], ngu=gate_up.shape[0],
+        (qkv_c, qkv_m), (o_c, o_m), (gu_c, gu_m), (down_c, down_m) = calls
+        record = stack_k.Layer(qkv_m, o_m, gu_m, down_m, ln1.weight.data_ptr(), ln2.weight.data_ptr(),
+                               qk_w.data_ptr(), ln1.eps, ln2.eps, a.q_norm.eps, a.scale, a.num_heads,
+                               a.num_kv_heads, a.head_dim, inter)
+        return dict(qkv=qkv_c, o=o_c, gu=gu_c, down=down_c, nqkv=qkv.shape[0], ngu=gate_up.shape[0],
                     inter=inter, ln1=(ln1.weight, ln1.eps), ln2=(ln2.weight, ln2.eps), qk=(qk_w, a.q_norm.eps),
                     heads=(a.num_heads, a.num_kv_heads, a.head_dim), scale=a.scale, nlib=nlib, alib=alib,
+                    glib=glib, qlib=qlib, record=record,
                     keep=(qkv, gate_up, qk_w))  # keep: the fused matrices outlive the pointers taken from them
+
+    def __reduce__(self):  # a copied model starts unplanned (the plan holds raw pointers of these weights)
+        return (DecodeStep, ())
 
     def plan(self, layer):
         ws = self._weights(layer)
@@ -107,13 +135,9 @@ class DecodeStep:
                  caches) -> torch.Tensor | None:
         """``x`` [B, 1, H] fp32 -> the layer's output, with k/v written into ``caches`` (a KVCache or one per row),
         or None where the general path must run."""
-        if (x.dtype != torch.float32 or not x.is_contiguous() or cos.dtype != torch.float32
-                or not cos.is_contiguous() or not sin_signed.is_contiguous() or torch.compiler.is_compiling()
-                or (torch.is_grad_enabled() and x.requires_grad) or not fuse.enabled() or not enabled()):
+        if not _inputs_fit(x, cos, sin_signed, caches):
             return None
         b, _, hdim = x.shape
-        if b > fuse.MAX_ROWS or kb_dtype(caches) != torch.float32:
-            return None
         p = self.plan(layer)
         if p is None:
             return None
@@ -157,11 +181,95 @@ class DecodeStep:
         norm_k.launch(nlib, x.data_ptr(), w.data_ptr(), h.data_ptr(), b, hdim, 1, eps, 0, nt)
         gu = torch.empty(b, 1, p["ngu"])
         p["gu"](h.data_ptr(), gu.data_ptr(), b, nt)
-        inter = p["inter"]
-        act = F.silu(gu[..., :inter]) * gu[..., inter:]
+        act = stack_k.swiglu(gu, p["inter"])
         y = torch.empty(b, 1, hdim)
         p["down"](act.data_ptr(), y.data_ptr(), b, nt)
         return x + y
+
+
+def _weight(mod) -> Any:
+    w = mod._parameters.get("weight")
+    return w if w is not None else mod.__dict__.get("weight")
+
+
+def _inputs_fit(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, caches) -> bool:
+    """Whether one step's inputs are what the direct calls take: fp32 contiguous rows (at most ``fuse.MAX_ROWS``),
+    fp32 caches, no autograd or torch.compile, fused projections and the decode step on."""
+    return not (x.dtype != torch.float32 or not x.is_contiguous() or cos.dtype != torch.float32
+                or not cos.is_contiguous() or not sin_signed.is_contiguous() or torch.compiler.is_compiling()
+                or (torch.is_grad_enabled() and x.requires_grad) or not fuse.enabled() or not enabled()
+                or x.shape[0] > fuse.MAX_ROWS or kb_dtype(caches) != torch.float32)
+
+
+def _address(fn: Any) -> int | None:
+    return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+
+
+class StackStep:
+    """A whole decoder stack's one-token step (every layer, then the final norm) in one ``stack.cpp`` call, over
+    the layers' :class:`DecodeStep` plans (rebuilt when one of them changes). Bitwise the per-layer steps."""
+
+    __slots__ = ("_plans", "_records", "_kernels", "_valid")
+
+    def __init__(self):
+        self._plans: tuple = ()
+        self._records = self._kernels = None
+        self._valid = False  # the last call checked the plans against the layers' weights and used them
+
+    def __reduce__(self):
+        return (StackStep, ())
+
+    def __call__(self, layers, norm, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                 caches, recheck: bool = True) -> torch.Tensor | None:
+        """``x`` [B, 1, H] fp32 -> ``norm(layers(x))`` [B, 1, H] with every layer's k/v written into ``caches``
+        (the caller advances their lengths), or None where the per-layer path must run.
+
+        ``recheck=False``: the caller vouches that no weight changed since the previous call (the code predictor's
+        steps within one frame), so the plans that call checked are used without looking at the layers again
+        (~20 us a layer); a previous call that did not run the stack makes this one check anyway."""
+        lib = stack_k.loaded_library()
+        w = norm.weight
+        if lib is None or not _inputs_fit(x, cos, sin_signed, caches) or mode() != "auto" \
+                or w.dtype != torch.float32 or not w.is_contiguous():
+            self._valid = False
+            return None
+        if recheck or not self._valid:
+            self._valid = False
+            plans = tuple(layer._step.plan(layer) for layer in layers)
+            if not plans or any(p is None for p in plans):
+                return None
+        else:
+            plans = self._plans
+        if len(plans) != len(self._plans) or any(a is not b for a, b in zip(plans, self._plans)):
+            p0 = plans[0]
+            self._records = (stack_k.Layer * len(plans))(*[p["record"] for p in plans])
+            self._kernels = stack_k.Kernels(_address(getattr(p0["glib"], "fn_bf16w", None)),
+                                            _address(getattr(p0["qlib"], "fn", None)), _address(p0["nlib"].fn),
+                                            _address(p0["alib"].fn))
+            self._plans = plans  # held: the records point into these plans' weights
+        b, _, hdim = x.shape
+        n = len(plans)
+        if isinstance(caches, Sequence):
+            kp = [c.k[i].data_ptr() for i in range(n) for c in caches]
+            vp = [c.v[i].data_ptr() for i in range(n) for c in caches]
+            caps = [c.k[0].shape[2] for c in caches]
+            positions = [c.length for c in caches]
+        else:
+            stride = caches.k[0][0].numel() * caches.k[0].element_size()
+            kp = [caches.k[i].data_ptr() + r * stride for i in range(n) for r in range(b)]
+            vp = [caches.v[i].data_ptr() + r * stride for i in range(n) for r in range(b)]
+            caps = [caches.k[0].shape[2]] * b
+            positions = [caches.length] * b
+        arr, rows = ctypes.c_int64 * (n * b), ctypes.c_int64 * b
+        out = torch.empty(b, 1, hdim)
+        rc = lib.step(ctypes.byref(self._kernels), self._records, n, x.data_ptr(), b, hdim, cos.data_ptr(),
+                      sin_signed.data_ptr(), 0 if cos.shape[0] == 1 else plans[0]["heads"][2], arr(*kp), arr(*vp),
+                      rows(*caps), rows(*positions), w.data_ptr(), norm.eps, out.data_ptr(), torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"omnilab_stack_step: kernel call {rc} rejected its arguments (B={b}, H={hdim}, "
+                               f"{n} layers, positions {positions}, capacities {caps})")
+        self._valid = True
+        return out
 
 
 def kb_dtype(caches) -> torch.dtype:

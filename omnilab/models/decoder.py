@@ -23,7 +23,7 @@ from omnilab.kernels import linear
 from omnilab.kernels.attention import decode_attention
 from omnilab.kernels.fuse import FusedProjection
 from omnilab.kernels.norm import rms_norm  # the kernel (one call per norm) or the reference's ops
-from omnilab.models.decode_step import DecodeStep
+from omnilab.models.decode_step import DecodeStep, StackStep
 from omnilab.models.layers import Linear, RMSNorm, SwiGLU
 
 
@@ -259,10 +259,12 @@ class DecoderLayer(nn.Module):
         return x + mlp.forward(rms_norm(x, ln2.weight, ln2.eps))
 
 
-def run_stack(layers: nn.ModuleList, norm: RMSNorm, rope: RopeTable, x: torch.Tensor, caches: Caches) -> torch.Tensor:
+def run_stack(layers: nn.ModuleList, norm: RMSNorm, rope: RopeTable, x: torch.Tensor, caches: Caches,
+              recheck: bool = True) -> torch.Tensor:
     """Run ``x`` [B, T, H] through ``layers`` + final ``norm``; advance the caches by T.
 
-    Positions continue from each cache's length (0 when ``caches`` is None)."""
+    Positions continue from each cache's length (0 when ``caches`` is None). ``recheck=False``: no weight changed
+    since the previous call (see :class:`~omnilab.models.decode_step.StackStep`)."""
     t = x.shape[1]
     if caches is None:
         cos, sin = rope.span(0, t, x.dtype, x.device, signed=True)
@@ -279,11 +281,18 @@ def run_stack(layers: nn.ModuleList, norm: RMSNorm, rope: RopeTable, x: torch.Te
         else:
             starts = torch.tensor([c.length for c in caches], dtype=torch.int64, device=x.device)
             cos, sin = rope.get(starts[:, None] + torch.arange(t, device=x.device)[None, :], x.dtype, signed=True)
-    for i, layer in enumerate(layers):
-        x = layer.forward(x, cos, sin, i, caches)
+    y = None
+    if t == 1 and caches is not None:  # decode: the whole stack in one kernel call where it applies (bitwise)
+        stack = layers.__dict__.get("_stack_step")
+        if stack is None:
+            stack = layers._stack_step = StackStep()
+        y = stack(layers, norm, x, cos, sin, caches, recheck)
+    if y is None:
+        for i, layer in enumerate(layers):
+            x = layer.forward(x, cos, sin, i, caches)
     if isinstance(caches, KVCache):
         caches.length += t
     elif caches is not None:
         for c in caches:
             c.length += t
-    return rms_norm(x, norm.weight, norm.eps)
+    return y if y is not None else rms_norm(x, norm.weight, norm.eps)

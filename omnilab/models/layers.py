@@ -7,12 +7,12 @@ rotate-half convention.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omnilab.kernels import linear
 from omnilab.kernels.fuse import FusedProjection
 from omnilab.kernels.norm import rms_norm
+from omnilab.kernels.stack import swiglu, swiglu_pair
 
 
 class Linear(nn.Linear):
@@ -44,12 +44,16 @@ class SwiGLU(nn.Module):
         self._gate_up = FusedProjection()  # gate/up in one kernel call at decode (omnilab.kernels.fuse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Functional calls (no nn.Module __call__): the per-op overhead matters at batch 1.
-        gu = self._gate_up(x, (self.gate_proj, self.up_proj))
-        gate, up = gu if gu is not None else (linear(x, self.gate_proj.weight, self.gate_proj.bias),
-                                              linear(x, self.up_proj.weight, self.up_proj.bias))
+        # Functional calls (no nn.Module __call__): the per-op overhead matters at batch 1. The activation is
+        # omnilab.kernels.stack's (one pass over the fused output where there is one), as on the decode step.
+        gu = self._gate_up.output(x, (self.gate_proj, self.up_proj))
+        if gu is not None:
+            act = swiglu(gu, self.gate_proj.weight.shape[0])
+        else:
+            act = swiglu_pair(linear(x, self.gate_proj.weight, self.gate_proj.bias),
+                              linear(x, self.up_proj.weight, self.up_proj.bias))
         down = self.down_proj
-        return linear(F.silu(gate) * up, down.weight, down.bias)
+        return linear(act, down.weight, down.bias)
 
 
 class RotaryEmbedding(nn.Module):

@@ -1,4 +1,5 @@
-"""The decoder layer's direct one-token step (omnilab.models.decode_step) is bitwise the general path."""
+"""The decoder layer's direct one-token step and the whole stack's one-call step (omnilab.models.decode_step) are
+bitwise the general path."""
 from __future__ import annotations
 
 import numpy as np
@@ -74,14 +75,90 @@ def test_greedy_codes_and_the_off_switch(tiny_ckpt, monkeypatch):
     pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32", quantization="int4")
     try:
         got = {}
-        for mode in ("off", "auto"):
+        for mode in ("off", "layer", "auto"):
             monkeypatch.setenv(decode_step.ENV, mode)
             r = pipe.generate("The direct step.", speaker="vivian", do_sample=False, subtalker_do_sample=False,
                               max_new_tokens=10)
             got[mode] = np.asarray(r.codes)
-        assert np.array_equal(got["off"], got["auto"])
+        assert np.array_equal(got["off"], got["auto"]) and np.array_equal(got["off"], got["layer"])
         monkeypatch.setenv(decode_step.ENV, "always")
-        with pytest.raises(ConfigError, match="OMNILAB_DECODE_STEP='always'.*accepted: auto, off"):
+        with pytest.raises(ConfigError, match="OMNILAB_DECODE_STEP='always'.*accepted: auto, layer, off"):
             decode_step.enabled()
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+@pytest.mark.parametrize("batch,per_row", [(1, False), (3, False), (2, True)])
+def test_the_one_call_stack_is_bitwise_the_layer_steps_and_the_general_path(tiny_ckpt, monkeypatch, quantization,
+                                                                            batch, per_row):
+    """run_stack at one token per row (the talker's per-row caches, the predictor's shared cache): the same hidden
+    states and the same k/v written in every layer whether the stack runs in one kernel call, layer by layer from
+    Python, or through the general path."""
+    from omnilab.models.decoder import run_stack
+    from omnilab.pipeline import Pipeline
+
+    pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32",
+                                    quantization=quantization)
+    try:
+        cp, pc = pipe.model.talker.code_predictor, pipe.model.config.code_predictor
+        lengths = [3 + 2 * i for i in range(batch)] if per_row else [5] * batch
+
+        def caches():
+            gen = torch.Generator().manual_seed(7)
+            cs = ([KVCache(pc.num_hidden_layers, 1, pc.num_key_value_heads, pc.head_dim, 16 + 8 * i, torch.float32)
+                   for i in range(batch)] if per_row else
+                  [KVCache(pc.num_hidden_layers, batch, pc.num_key_value_heads, pc.head_dim, 16, torch.float32)])
+            for c, n in zip(cs, lengths):
+                for t in c.k + c.v:
+                    t.copy_(torch.randn(t.shape, generator=gen))
+                c.length = n
+            return cs if per_row else cs[0]
+
+        x = torch.randn(batch, 1, pc.hidden_size, generator=torch.Generator().manual_seed(8))
+        out, kv = {}, {}
+        with torch.inference_mode():
+            for mode in ("off", "layer", "auto"):
+                monkeypatch.setenv(decode_step.ENV, mode)
+                c = caches()
+                out[mode] = run_stack(cp.model.layers, cp.model.norm, cp.rope, x, c)
+                cs = c if isinstance(c, list) else [c]
+                kv[mode] = [[t.clone() for t in cc.k + cc.v] for cc in cs]
+                assert [cc.length for cc in cs] == ([n + 1 for n in lengths] if per_row else [lengths[0] + 1])
+        assert cp.model.layers._stack_step._plans, "the one-call stack must apply to these layers"
+        for mode in ("layer", "auto"):
+            assert torch.equal(out["off"], out[mode]), mode
+            for a, b in zip(kv["off"], kv[mode]):
+                assert all(torch.equal(p, q) for p, q in zip(a, b)), mode
+    finally:
+        pipe.close()
+
+
+def test_a_replaced_weight_is_seen_by_the_next_checked_step(tiny_ckpt, monkeypatch):
+    """The one-call stack keeps raw pointers: a weight replaced between frames (a new Parameter) is picked up at the
+    next checked call, and an unchecked call after one that did not run the stack checks anyway."""
+    from omnilab.models.decoder import run_stack
+    from omnilab.pipeline import Pipeline
+
+    pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32")
+    try:
+        cp, pc = pipe.model.talker.code_predictor, pipe.model.config.code_predictor
+        x = torch.randn(1, 1, pc.hidden_size, generator=torch.Generator().manual_seed(3))
+
+        def run(mode, recheck=True):
+            monkeypatch.setenv(decode_step.ENV, mode)
+            c = KVCache(pc.num_hidden_layers, 1, pc.num_key_value_heads, pc.head_dim, 16, torch.float32)
+            with torch.inference_mode():
+                return run_stack(cp.model.layers, cp.model.norm, cp.rope, x, c, recheck=recheck)
+
+        before = run("auto")
+        down = cp.model.layers[-1].mlp.down_proj
+        assert down.weight.dtype == torch.bfloat16, "the decode kernels must take this weight"
+        down.weight = torch.nn.Parameter(down.weight.detach() * 2, requires_grad=False)
+        after = run("auto")
+        assert not torch.equal(before, after) and torch.equal(after, run("off"))
+        run("layer")  # not the one-call stack: the next unchecked call must check
+        down.weight = torch.nn.Parameter(down.weight.detach() * 2, requires_grad=False)
+        assert torch.equal(run("auto", recheck=False), run("off"))
     finally:
         pipe.close()

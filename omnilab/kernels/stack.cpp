@@ -1,0 +1,169 @@
+// omnilab decode stack: one token per row through every layer of a Qwen3 decoder (and its final RMSNorm) in one
+// call, and the SwiGLU activation the MLP uses on both paths (omnilab/kernels/stack.py).
+//
+// Why: a layer's one-token step is ~8 kernel calls (gemv.cpp / qgemv.cpp, norm.cpp, attn.cpp) and two residual
+// adds; made from Python each costs a ctypes call, a tensor allocation and the glue around it. Here the same
+// kernels are called through the function pointers the caller passes (the libraries it already loaded), with
+// the same arguments and the same order, into buffers this file owns, so the result is bitwise the per-layer
+// path: the residual adds are single fp32 additions (what torch's `x + o` does) and the activation is this
+// file's own `swiglu`, which the per-layer path calls too.
+//
+// SwiGLU: act[i] = (g / (1 + exp(-g))) * u per element, g and u the two halves of the fused gate/up output
+// (torch's silu formula, then the product; exp is glibc's vector expf, within 1 ulp; built with
+// -ffp-contract=off so no product is fused into a sum). Elementwise: independent of batch mates and threads.
+//
+// Built by build.py as -mavx512f -mfma and -mavx2 -mfma, linked with -lmvec (glibc's vector math).
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#if defined(__AVX512F__)
+#define ISA_NAME "avx512"
+#define LANES 16
+typedef __m512 vec_t;
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+static inline vec_t vexp(vec_t v) { return _ZGVeN16v_expf(v); }
+static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vec_t v) { _mm512_storeu_ps(p, v); }
+static inline vec_t vset(float v) { return _mm512_set1_ps(v); }
+static inline vec_t vadd(vec_t a, vec_t b) { return _mm512_add_ps(a, b); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
+static inline vec_t vmul(vec_t a, vec_t b) { return _mm512_mul_ps(a, b); }
+static inline vec_t vdiv(vec_t a, vec_t b) { return _mm512_div_ps(a, b); }
+#elif defined(__AVX2__)
+#define ISA_NAME "avx2"
+#define LANES 8
+typedef __m256 vec_t;
+extern "C" __m256 _ZGVdN8v_expf(__m256);
+static inline vec_t vexp(vec_t v) { return _ZGVdN8v_expf(v); }
+static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec_t v) { _mm256_storeu_ps(p, v); }
+static inline vec_t vset(float v) { return _mm256_set1_ps(v); }
+static inline vec_t vadd(vec_t a, vec_t b) { return _mm256_add_ps(a, b); }
+static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
+static inline vec_t vmul(vec_t a, vec_t b) { return _mm256_mul_ps(a, b); }
+static inline vec_t vdiv(vec_t a, vec_t b) { return _mm256_div_ps(a, b); }
+#else
+#error "stack.cpp needs -mavx512f or -mavx2"
+#endif
+
+// The entry points of the other kernel libraries (their own files say what each computes).
+typedef int (*gemv_fn)(const float* x, const uint16_t* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
+                       int nt);
+typedef int (*qgemv_fn)(const float* x, const uint8_t* w, const float* s, const float* b, float* y, int64_t M,
+                        int64_t N, int64_t K, int bits, int64_t gs, int act_int8, int nt);
+typedef int (*norm_fn)(const void* x, const void* w, void* y, int64_t rows, int64_t D, int64_t w_rows, float eps,
+                       int dtype, int nt);
+typedef int (*attn_fn)(const void* qkv, const void* nw, const void* cos, const void* sins, int64_t rope_stride,
+                       const int64_t* kptr, const int64_t* vptr, const int64_t* cap, const int64_t* pos, void* out,
+                       int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps, float scale, int dtype, int nt);
+
+extern "C" {
+// Layouts shared with stack.py (ctypes Structures of the same fields, in the same order).
+struct Kernels {
+  gemv_fn gemv;    // omnilab_gemv_bf16w (bf16 weights, fp32 rows)
+  qgemv_fn qgemv;  // omnilab_qgemv
+  norm_fn norm;    // omnilab_rmsnorm
+  attn_fn attn;    // omnilab_decode_attn
+};
+struct Mat {         // one bias-free decode matrix [n, k]
+  int64_t kind;      // 0: bf16 weights (gemv), 1: quantized (qgemv)
+  const void* w;     // weights / packed codes
+  const float* s;    // quantized: scales
+  int64_t n, k, bits, gs, act8;
+};
+struct Layer {
+  Mat qkv, o, gu, down;            // fused q/k/v [(Hq + 2 Hkv) D, H], o [H, Hq D], fused gate/up [2 I, H], down [H, I]
+  const float* ln1;                // input_layernorm [H]
+  const float* ln2;                // post_attention_layernorm [H]
+  const float* qk;                 // q_norm / k_norm weights per head [Hq + Hkv, D]
+  float ln1_eps, ln2_eps, qk_eps, scale;
+  int64_t hq, hkv, d, inter;
+};
+}
+
+static inline void swiglu_rows(const float* gu, float* act, int64_t rows, int64_t inter) {
+  const vec_t one = vset(1.0f), zero = vset(0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gu + r * 2 * inter;
+    const float* u = g + inter;
+    float* y = act + r * inter;
+    int64_t i = 0;
+    for (; i + LANES <= inter; i += LANES) {
+      const vec_t gv = vload(g + i);
+      vstore(y + i, vmul(vdiv(gv, vadd(one, vexp(vsub(zero, gv)))), vload(u + i)));
+    }
+    if (i < inter) {  // the tail through a zero-padded vector: the same lane arithmetic
+      alignas(64) float tg[LANES] = {0}, tu[LANES] = {0}, ty[LANES];
+      memcpy(tg, g + i, (inter - i) * sizeof(float));
+      memcpy(tu, u + i, (inter - i) * sizeof(float));
+      const vec_t gv = vload(tg);
+      vstore(ty, vmul(vdiv(gv, vadd(one, vexp(vsub(zero, gv)))), vload(tu)));
+      memcpy(y + i, ty, (inter - i) * sizeof(float));
+    }
+  }
+}
+
+static inline int matmul(const Kernels& f, const Mat& m, const float* x, float* y, int64_t B, int nt) {
+  if (m.kind == 0) return f.gemv(x, (const uint16_t*)m.w, nullptr, y, B, m.n, m.k, nt);
+  return f.qgemv(x, (const uint8_t*)m.w, m.s, nullptr, y, B, m.n, m.k, (int)m.bits, m.gs, (int)m.act8, nt);
+}
+
+static inline void add_into(float* x, const float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] + o[i];
+}
+
+extern "C" {
+const char* omnilab_stack_isa() { return ISA_NAME; }
+
+// gu [rows, 2 * inter] (gate then up) -> act [rows, inter]. Returns 0, or -1 for bad sizes.
+int omnilab_swiglu(const float* gu, float* act, int64_t rows, int64_t inter) {
+  if (rows < 0 || inter < 1) return -1;
+  swiglu_rows(gu, act, rows, inter);
+  return 0;
+}
+
+// x [B, H] fp32 (not modified) through layers L[0..nl-1] at one token per row, then the final RMSNorm (norm_w [H],
+// norm_eps) into out [B, H]. Row b's k/v of layer l are written at pos[b] of kptr[l * B + b] / vptr[l * B + b]
+// (capacity cap[b]); cos / sins [*, D] with rope_stride 0 (all rows at one position) or D (one row each).
+// Returns 0, or the 1-based index of the call that failed (a kernel that rejected its arguments).
+int omnilab_stack_step(const Kernels* f, const Layer* L, int64_t nl, const float* x, int64_t B, int64_t H,
+                       const float* cos, const float* sins, int64_t rope_stride, const int64_t* kptr,
+                       const int64_t* vptr, const int64_t* cap, const int64_t* pos, const float* norm_w,
+                       float norm_eps, float* out, int nt) {
+  if (nl < 0 || B < 1 || H < 1) return -1;
+  int64_t nmax = H;
+  for (int64_t l = 0; l < nl; ++l) {
+    const Layer& y = L[l];
+    nmax = y.qkv.n > nmax ? y.qkv.n : nmax;
+    nmax = y.gu.n > nmax ? y.gu.n : nmax;
+    nmax = y.hq * y.d > nmax ? y.hq * y.d : nmax;
+  }
+  static thread_local std::vector<float> xs, h, a, b, c;
+  xs.assign(x, x + B * H);
+  h.resize(B * H), a.resize(B * nmax), b.resize(B * nmax), c.resize(B * nmax);
+  int call = 0;
+#define CHECK(expr) do { ++call; if ((expr) != 0) return call; } while (0)
+  for (int64_t l = 0; l < nl; ++l) {
+    const Layer& y = L[l];
+    // input norm -> fused q/k/v -> one-token attention (writes the caches) -> o_proj, residual
+    CHECK(f->norm(xs.data(), y.ln1, h.data(), B, H, 1, y.ln1_eps, 0, nt));
+    CHECK(matmul(*f, y.qkv, h.data(), a.data(), B, nt));
+    CHECK(f->attn(a.data(), y.qk, cos, sins, rope_stride, kptr + l * B, vptr + l * B, cap, pos, b.data(), B, y.hq,
+                  y.hkv, y.d, y.qk_eps, y.scale, 0, nt));
+    CHECK(matmul(*f, y.o, b.data(), c.data(), B, nt));
+    add_into(xs.data(), c.data(), B * H);
+    // post-attention norm -> fused gate/up -> silu(gate) * up -> down_proj, residual
+    CHECK(f->norm(xs.data(), y.ln2, h.data(), B, H, 1, y.ln2_eps, 0, nt));
+    CHECK(matmul(*f, y.gu, h.data(), a.data(), B, nt));
+    swiglu_rows(a.data(), b.data(), B, y.inter);
+    CHECK(matmul(*f, y.down, b.data(), c.data(), B, nt));
+    add_into(xs.data(), c.data(), B * H);
+  }
+  CHECK(f->norm(xs.data(), norm_w, out, B, H, 1, norm_eps, 0, nt));
+#undef CHECK
+  return 0;
+}
+}
