@@ -311,8 +311,21 @@ def fit_in_process(profile, affinity: set[int] | None = None):
     from omnilab.hardware import format_cpulist
     from omnilab.profiles.profile import Resolved
 
-    nt, talker_cpus = profile.threads("talker"), profile.cpus("talker")
     c2w_t, c2w_c, mode = profile.code2wav_threads, profile.code2wav_cpus, profile.mode
+    both = (profile.talker_threads.source, profile.talker_cpus.source, c2w_t.source, c2w_c.source, mode.source)
+    if mode.value == "split" and set(both) == {"auto"} and profile.talker_tp_size.value == 1:
+        # an automatic split gave the talker only its share of the cores, for a code2wav process running beside it
+        cpus = tuple(sorted(set(profile.cpus("talker")) | set(c2w_c.value)))
+        why = (f"{len(cpus)}: in this process the stages take turns (lock-step), so the talker takes every core the "
+               f"plan's split layout gave the two stages (CPUs {format_cpulist(cpus)}; talker "
+               f"{profile.threads('talker')} + code2wav {c2w_t.value} thread(s), for a code2wav process beside it)")
+        profile = profile.replace(mode=Resolved("shared", why, "placement"),
+                                  talker_threads=Resolved(len(cpus), why, "placement"),
+                                  talker_cpus=Resolved((cpus,), why, "placement"),
+                                  code2wav_threads=Resolved(len(cpus), why, "placement"),
+                                  code2wav_cpus=Resolved(cpus, why, "placement"))
+        c2w_t, c2w_c, mode = profile.code2wav_threads, profile.code2wav_cpus, profile.mode
+    nt, talker_cpus = profile.threads("talker"), profile.cpus("talker")
     out = []
     fitted = (mode.value, c2w_t.value, set(c2w_c.value)) == ("shared", nt, set(talker_cpus))
     explicit_split = mode.value == "split" and mode.source != "auto"

@@ -136,6 +136,28 @@ def test_in_process_profile_says_what_runs():
     assert fitted.code2wav_threads == explicit.code2wav_threads  # the user's value is what runs
 
 
+def test_an_automatic_split_layout_gives_the_in_process_talker_every_core():
+    """A split layout (talker and code2wav on disjoint cores, planned for a code2wav process beside the talker, as
+    the int4 plan on 2 cores is) would leave a core idle in this process, where the stages take turns: the talker
+    gets both cores and code2wav its threads, with the reason. An explicit talker thread count stays as asked."""
+    from omnilab.deployment import fit_in_process
+    from omnilab.hardware import probe_hardware
+    from pathlib import Path
+
+    hw = probe_hardware(Path(__file__).parent / "fixtures" / "hardware" / "vm2_avx2.json")
+    p = plan(hw, env={}, overrides={"quantization": "int4"})
+    if p.mode.value != "split":  # the cost model picks the layout; force it the automatic way otherwise
+        pytest.skip(f"the int4 plan on this fixture is {p.mode.value!r}, not split")
+    assert p.threads("talker") == 1 and p.mode.source == "auto"
+    fitted, _ = fit_in_process(p, affinity={0, 1})
+    assert fitted.threads("talker") == 2 and set(fitted.cpus("talker")) == {0, 1}
+    assert fitted.threads("code2wav") == 2 and fitted.mode.value == "shared"
+    assert fitted.talker_threads.source == "placement" and "lock-step" in fitted.talker_threads.reason
+    explicit = plan(hw, env={}, overrides={"quantization": "int4", "talker_threads": 1})
+    fitted, _ = fit_in_process(explicit, affinity={0, 1})
+    assert fitted.threads("talker") == 1 and fitted.talker_threads == explicit.talker_threads
+
+
 def test_in_process_code2wav_runs_on_the_profile_threads(tiny_ckpt, monkeypatch):
     """An explicit code2wav thread count is applied around every code2wav call in this process (and this
     process's count restored), and ``check_profile`` reads it back."""

@@ -117,13 +117,14 @@ DTYPE_SUFFIX = {"float32": "+fp32", "fp32": "+fp32", "bfloat16": "+bf16", "bf16"
 def expand(configs: tuple[str, ...], quantizations: tuple[str, ...] = (),
            dtypes: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Every configuration crossed with the ``--quantization`` list (``none`` adds no suffix) and, when more than one
-    dtype is listed, the ``--dtype`` list (a suffix each): ``expand(("vllm",), ("none", "int4"), ("auto", "float32"))``
-    -> ``vllm+auto, vllm+fp32, vllm+int4+auto, vllm+int4+fp32``."""
+    dtype is listed or the one listed is ``auto``, the ``--dtype`` list (a suffix each; one concrete dtype is the
+    bench's own dtype): ``expand(("vllm",), ("none", "int4"), ("auto", "float32"))`` -> ``vllm+auto, vllm+fp32,
+    vllm+int4+auto, vllm+int4+fp32``; ``expand(("eager",), (), ("auto",))`` -> ``eager+auto``."""
     bad = [q for q in quantizations if q not in QUANT_SUFFIX] + [d for d in dtypes if d not in DTYPE_SUFFIX]
     if bad:
         raise ValueError(f"--quantization/--dtype value(s) {', '.join(map(repr, bad))}; accepted: quantization "
                          f"{', '.join(QUANT_SUFFIX)}; dtype auto, float32, bfloat16")
-    dsuf = [DTYPE_SUFFIX[d] for d in dtypes] if len(dtypes) > 1 else [""]
+    dsuf = [DTYPE_SUFFIX[d] for d in dtypes] if len(dtypes) > 1 or tuple(dtypes) == ("auto",) else [""]
     return tuple(dict.fromkeys(c + QUANT_SUFFIX[q] + d for c in configs for q in (quantizations or ("none",))
                                for d in dsuf))
 

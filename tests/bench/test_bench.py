@@ -324,6 +324,8 @@ def test_quantization_and_dtype_lists_expand_into_suffixed_configurations():
         "vllm+auto", "vllm+fp32", "vllm+int4+auto", "vllm+int4+fp32")
     assert be.expand(("eager", "vllm"), ("none", "int8")) == ("eager", "eager+int8", "vllm", "vllm+int8")
     assert be.expand(("eager",), (), ("bfloat16",)) == ("eager",)  # one dtype: --dtype as before, no suffix
+    # `--dtype auto` alone runs the planner's dtype (it once ran the bench's float32 default, code2wav included)
+    assert be.expand(("eager",), ("int4",), ("auto",)) == ("eager+int4+auto",)
     with pytest.raises(ValueError, match="accepted: quantization none, int8, int4"):
         be.expand(("eager",), ("int3",))
     c = be.parse_config("vllm+int4+auto")
