@@ -22,16 +22,7 @@
 
 #include <vector>
 
-#include "simd.h"
-
-// glibc's vector expf (libmvec, x86_64 vector ABI), one register at a time.
-#if VEC == 16
-extern "C" __m512 _ZGVeN16v_expf(__m512);
-static inline vec_t vexp(vec_t v) { return _ZGVeN16v_expf(v); }
-#else
-extern "C" __m256 _ZGVdN8v_expf(__m256);
-static inline vec_t vexp(vec_t v) { return _ZGVdN8v_expf(v); }
-#endif
+#include "simd.h"  // vexp: glibc's vector expf
 
 static inline float ld(const float* p, int64_t i) { return p[i]; }
 static inline float ld(const uint16_t* p, int64_t i) {

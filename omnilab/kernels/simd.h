@@ -1,4 +1,4 @@
-// omnilab's fp32 vector helpers shared by the decoder kernels (gemv.cpp, norm.cpp, attn.cpp): one register of
+// omnilab's fp32 vector helpers shared by the decoder kernels (gemv.cpp, norm.cpp, attn.cpp, stack.cpp): one register of
 // VEC lanes, with -mavx512f (VEC = 16) or -mavx2 -mfma (VEC = 8). build.py hashes this header with every source that
 // includes it, so an edit here rebuilds them. vsum's lane reduction is fixed per ISA (results stay independent
 // of batch mates and thread counts).
@@ -19,7 +19,13 @@ static inline vec_t vload(const uint16_t* p) {
 static inline void vstore(float* p, vec_t v) { _mm512_storeu_ps(p, v); }
 static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
+static inline vec_t vadd(vec_t a, vec_t b) { return _mm512_add_ps(a, b); }
+static inline vec_t vmul(vec_t a, vec_t b) { return _mm512_mul_ps(a, b); }
+static inline vec_t vdiv(vec_t a, vec_t b) { return _mm512_div_ps(a, b); }
 static inline float vsum(vec_t v) { return _mm512_reduce_add_ps(v); }
+// glibc's vector expf (libmvec, x86_64 vector ABI; a source that calls it links -lmvec: build.py LINK_FLAGS)
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+static inline vec_t vexp(vec_t v) { return _ZGVeN16v_expf(v); }
 #define ISA_NAME "avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
 #define VEC 8
@@ -33,6 +39,11 @@ static inline vec_t vload(const uint16_t* p) {
 static inline void vstore(float* p, vec_t v) { _mm256_storeu_ps(p, v); }
 static inline vec_t vfma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
+static inline vec_t vadd(vec_t a, vec_t b) { return _mm256_add_ps(a, b); }
+static inline vec_t vmul(vec_t a, vec_t b) { return _mm256_mul_ps(a, b); }
+static inline vec_t vdiv(vec_t a, vec_t b) { return _mm256_div_ps(a, b); }
+extern "C" __m256 _ZGVdN8v_expf(__m256);
+static inline vec_t vexp(vec_t v) { return _ZGVdN8v_expf(v); }
 static inline float vsum(vec_t v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -13,41 +13,12 @@
 // -ffp-contract=off so no product is fused into a sum). Elementwise: independent of batch mates and threads.
 //
 // Built by build.py as -mavx512f -mfma and -mavx2 -mfma, linked with -lmvec (glibc's vector math).
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #include <vector>
 
-#if defined(__AVX512F__)
-#define ISA_NAME "avx512"
-#define LANES 16
-typedef __m512 vec_t;
-extern "C" __m512 _ZGVeN16v_expf(__m512);
-static inline vec_t vexp(vec_t v) { return _ZGVeN16v_expf(v); }
-static inline vec_t vload(const float* p) { return _mm512_loadu_ps(p); }
-static inline void vstore(float* p, vec_t v) { _mm512_storeu_ps(p, v); }
-static inline vec_t vset(float v) { return _mm512_set1_ps(v); }
-static inline vec_t vadd(vec_t a, vec_t b) { return _mm512_add_ps(a, b); }
-static inline vec_t vsub(vec_t a, vec_t b) { return _mm512_sub_ps(a, b); }
-static inline vec_t vmul(vec_t a, vec_t b) { return _mm512_mul_ps(a, b); }
-static inline vec_t vdiv(vec_t a, vec_t b) { return _mm512_div_ps(a, b); }
-#elif defined(__AVX2__)
-#define ISA_NAME "avx2"
-#define LANES 8
-typedef __m256 vec_t;
-extern "C" __m256 _ZGVdN8v_expf(__m256);
-static inline vec_t vexp(vec_t v) { return _ZGVdN8v_expf(v); }
-static inline vec_t vload(const float* p) { return _mm256_loadu_ps(p); }
-static inline void vstore(float* p, vec_t v) { _mm256_storeu_ps(p, v); }
-static inline vec_t vset(float v) { return _mm256_set1_ps(v); }
-static inline vec_t vadd(vec_t a, vec_t b) { return _mm256_add_ps(a, b); }
-static inline vec_t vsub(vec_t a, vec_t b) { return _mm256_sub_ps(a, b); }
-static inline vec_t vmul(vec_t a, vec_t b) { return _mm256_mul_ps(a, b); }
-static inline vec_t vdiv(vec_t a, vec_t b) { return _mm256_div_ps(a, b); }
-#else
-#error "stack.cpp needs -mavx512f or -mavx2"
-#endif
+#include "simd.h"  // vec_t, VEC lanes, vexp (glibc's vector expf), ISA_NAME
 
 // The entry points of the other kernel libraries (their own files say what each computes).
 typedef int (*gemv_fn)(const float* x, const uint16_t* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
@@ -91,12 +62,12 @@ static inline void swiglu_rows(const float* gu, float* act, int64_t rows, int64_
     const float* u = g + inter;
     float* y = act + r * inter;
     int64_t i = 0;
-    for (; i + LANES <= inter; i += LANES) {
+    for (; i + VEC <= inter; i += VEC) {
       const vec_t gv = vload(g + i);
       vstore(y + i, vmul(vdiv(gv, vadd(one, vexp(vsub(zero, gv)))), vload(u + i)));
     }
     if (i < inter) {  // the tail through a zero-padded vector: the same lane arithmetic
-      alignas(64) float tg[LANES] = {0}, tu[LANES] = {0}, ty[LANES];
+      alignas(64) float tg[VEC] = {0}, tu[VEC] = {0}, ty[VEC];
       memcpy(tg, g + i, (inter - i) * sizeof(float));
       memcpy(tu, u + i, (inter - i) * sizeof(float));
       const vec_t gv = vload(tg);
