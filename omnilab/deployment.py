@@ -319,11 +319,9 @@ def fit_in_process(profile, affinity: set[int] | None = None):
         why = (f"{len(cpus)}: in this process the stages take turns (lock-step), so the talker takes every core the "
                f"plan's split layout gave the two stages (CPUs {format_cpulist(cpus)}; talker "
                f"{profile.threads('talker')} + code2wav {c2w_t.value} thread(s), for a code2wav process beside it)")
-        profile = profile.replace(mode=Resolved("shared", why, "placement"),
-                                  talker_threads=Resolved(len(cpus), why, "placement"),
-                                  talker_cpus=Resolved((cpus,), why, "placement"),
-                                  code2wav_threads=Resolved(len(cpus), why, "placement"),
-                                  code2wav_cpus=Resolved(cpus, why, "placement"))
+        fields = dict(mode="shared", talker_threads=len(cpus), talker_cpus=(cpus,), code2wav_threads=len(cpus),
+                      code2wav_cpus=cpus)
+        profile = profile.replace(**{k: Resolved(v, why, "placement") for k, v in fields.items()})
         c2w_t, c2w_c, mode = profile.code2wav_threads, profile.code2wav_cpus, profile.mode
     nt, talker_cpus = profile.threads("talker"), profile.cpus("talker")
     out = []
