@@ -35,7 +35,7 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from omnilab.config import Qwen3TTSConfig
 from omnilab.kernels import gemv_choice
 from omnilab.kernels.quant import from_key
-from omnilab.models.layers import rotate_half
+from omnilab.kernels.norm import rms_norm
 from omnilab.models.talker import Talker
 from omnilab.stages.vllm.config import padded_head_size
 from omnilab.stages.vllm.view import ARCH
@@ -89,8 +89,8 @@ class PagedTalkerStack(nn.Module):
     def prepare_rope(self, dtype: torch.dtype) -> None:
         """Cos/sin rows for every position the engine can schedule (the same fp32-built, cast tables that
         ``RopeTable.get`` indexes, so lookups are bitwise identical)."""
-        cos, sin = self.talker.rope.span(0, self.max_positions, dtype)
-        self.rope_cos, self.rope_sin = cos[0], sin[0]  # [P, D]
+        cos, sin = self.talker.rope.span(0, self.max_positions, dtype, signed=True)
+        self.rope_cos, self.rope_sin = cos[0], sin[0]  # [P, D]; sin with its first half negated (RopeTable)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,12 +101,19 @@ class PagedTalkerStack(nn.Module):
         for layer, attn in zip(self.talker.model.layers, self.attn):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = a.project(h)  # one fused kernel call at decode (omnilab.kernels.fuse)
-            q = a.q_norm(q.view(n, -1, d))  # [N, Hq, D]
-            k = a.k_norm(k.view(n, -1, d))  # [N, Hkv, D]
-            v = v.view(n, -1, d)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            hq, hkv = a.num_heads, a.num_kv_heads
+            mods = (a.q_proj, a.k_proj, a.v_proj)
+            qkv = a._qkv.output(h, mods)  # [N, (Hq + 2 Hkv) D] from one fused kernel call at decode, or None
+            if qkv is not None:
+                qk, v = qkv[:, :(hq + hkv) * d].view(n, hq + hkv, d), qkv[:, (hq + hkv) * d:].view(n, -1, d)
+            else:
+                q, k, v = a.project(h)
+                qk, v = torch.cat([q.view(n, hq, d), k.view(n, hkv, d)], dim=1), v.view(n, -1, d)
+            # q and k heads normalised and rotated together, as the eager decoder does (bitwise rotate-half:
+            # roll(x, D/2) * signed sin == rotate_half(x) * sin, omnilab.models.decoder.RopeTable)
+            qk = rms_norm(qk, a._qk_weight(), a.q_norm.eps)  # [N, Hq + Hkv, D]
+            qk = qk * cos + torch.roll(qk, d // 2, dims=-1) * sin
+            q, k = qk[:, :hq], qk[:, hq:]
             if dp != d:
                 pad = (0, dp - d)
                 q, k, v = (nn.functional.pad(t, pad) for t in (q, k, v))
