@@ -108,7 +108,10 @@ def test_recorder_keep_open_and_worker_pid():
     # a worker that reports no start: its phases keep their reported durations, one after another, and the
     # last ends when the client got the frame
     assert ph["code_predictor"].duration_ms == pytest.approx(1.0) and ph["talker_forward"].duration_ms == pytest.approx(1.0)
-    assert ph["talker_forward"].end_s == ph["code_predictor"].start_s and ph["code_predictor"].end_s == step.end_s
+    # placed back from the client's time as start + duration in seconds of a clock whose magnitude (seconds since
+    # boot) sets the rounding: contiguous to 1 ulp of that clock (~4e-12 s at 1e4 s), asserted to 1 ns
+    assert ph["talker_forward"].end_s == pytest.approx(ph["code_predictor"].start_s, rel=0, abs=1e-9)
+    assert ph["code_predictor"].end_s == pytest.approx(step.end_s, rel=0, abs=1e-9)
     assert tr.request_metrics()["talker_compute_ms_per_frame"] == pytest.approx(2.0)
     assert rec.end("a") is None  # ending twice is a no-op
 
