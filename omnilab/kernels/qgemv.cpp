@@ -35,10 +35,13 @@
 
 #define ROWS 16
 #define ACT 32
-// Software prefetch distance in bytes of the thread's stream (the next blocks). Measured on Zen 4, 1 thread,
-// decode matrices from DRAM: +10-25 % for 2+ rows and the fp32 mode, -5-15 % for one row with int8
-// activations (purely bandwidth bound: the hardware prefetcher alone does better), so not there.
-#define PREFETCH 2048
+// Software prefetch distance in bytes ahead in the thread's stream (0: none), per kind of call: one row with
+// int8 activations, 2-16 rows with int8 activations, fp32 activations. The best distance is the CPU's: on Zen 4
+// (1 thread, decode matrices from DRAM) 2048 gave +10-25 % for 2+ rows and the fp32 mode and -5-15 % for one
+// int8-activation row (the hardware prefetcher alone did better); on a Xeon (Emerald Rapids, 2 threads) 4096 gave
+// +30 % for that one row. These are the priors; omnilab/kernels/prefetch.py times the candidates on the machine and
+// sets them (omnilab_qgemv_set_prefetch). A prefetch never changes a result.
+static int64_t g_prefetch[3] = {0, 2048, 2048};
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define LANES 16
@@ -138,6 +141,7 @@ static void block_i8(const Args& a, int64_t i, int h, int64_t m0) {
   // Two int32 chains per row when few rows (shorter vpdpbusd dependency chains; integer sums are exact, so
   // the split may depend on MB without changing any result).
   constexpr int NA = (LANES == 16 && MB <= 4) ? 2 : 1;
+  const int64_t pf = g_prefetch[a.M == 1 ? 0 : 1];
   vf acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = fzero();
   for (int64_t kb = 0; kb < a.nb; ++kb) {
@@ -149,7 +153,7 @@ static void block_i8(const Args& a, int64_t i, int h, int64_t m0) {
       x4[m] = (const int32_t*)(a.xq + (m0 + m) * a.Kp + kb * ACT);
     }
     for (int c = 0; c < CH; ++c) {
-      if constexpr (MB > 1) _mm_prefetch((const char*)(w + (kb * CH + c) * 64 + PREFETCH), _MM_HINT_T0);
+      if (pf) _mm_prefetch((const char*)(w + (kb * CH + c) * 64 + pf), _MM_HINT_T0);
       const vi raw = iload(w + (kb * CH + c) * 64);
       if constexpr (BITS == 8) {
         const W8 wv(raw);
@@ -185,13 +189,14 @@ static void block_f32(const Args& a, int64_t i, int h, int64_t m0) {
   const float* s = a.s + i * a.groups * ROWS + h * LANES;
   const int64_t chunks = a.gs / KC;  // per group
   const vf table = nib_table();
+  const int64_t pf = g_prefetch[2];
   vf acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = fzero();
   for (int64_t g = 0; g < a.groups; ++g) {
     vf gacc[2][MB];  // two chains per row (FMA latency), always two: fp32 sums must not depend on MB
     for (int m = 0; m < MB; ++m) gacc[0][m] = gacc[1][m] = fzero();
     for (int64_t c = g * chunks; c < (g + 1) * chunks; ++c) {
-      _mm_prefetch((const char*)(w + c * 64 + PREFETCH), _MM_HINT_T0);
+      if (pf) _mm_prefetch((const char*)(w + c * 64 + pf), _MM_HINT_T0);
       const vi raw = iload(w + c * 64);
       const float* xk = a.xf + m0 * a.Kp + c * KC;
       if constexpr (BITS == 8) {
@@ -299,6 +304,17 @@ static void quantize_x(const float* x, int64_t M, int64_t K, int64_t Kp, int bit
 
 extern "C" {
 const char* omnilab_qgemv_isa() { return ISA_NAME; }
+
+// Prefetch distances in bytes (0 = none, else a multiple of 64 up to 65536) for one int8-activation row, 2-16
+// int8-activation rows, fp32 activations; a negative value keeps that one. Returns 0, or -1 (nothing changed).
+int omnilab_qgemv_set_prefetch(int64_t one_row_i8, int64_t rows_i8, int64_t f32) {
+  const int64_t v[3] = {one_row_i8, rows_i8, f32};
+  for (int i = 0; i < 3; ++i)
+    if (v[i] > 65536 || (v[i] >= 0 && v[i] % 64)) return -1;
+  for (int i = 0; i < 3; ++i)
+    if (v[i] >= 0) g_prefetch[i] = v[i];
+  return 0;
+}
 
 // y[M, N] = x[M, K] @ W^T (+ b). bits 8 (group: all of K) or 4 (gs in 32, 64, 128 dividing K). act_int8:
 // 1 = int8 activations, 0 = fp32. nt threads. Returns 0, or -1 for arguments outside that.

@@ -67,6 +67,7 @@ class QgemvChoice:
     reason: str
     source: str               # "auto" | "env" | "argument" (use_qgemv)
     max_rows: int = MAX_ROWS
+    prefetch: tuple[int, int, int] | None = None  # bytes per kind of call (kernels/prefetch.py), None: torch
 
     @property
     def label(self) -> str:
@@ -85,6 +86,10 @@ class _Lib:
                                                                        ctypes.c_int]
         fn.restype = ctypes.c_int
         self.fn = fn
+        pf = symbol(self.lib, "omnilab_qgemv_set_prefetch", path)
+        pf.argtypes = [ctypes.c_int64] * 3
+        pf.restype = ctypes.c_int
+        self.set_prefetch = pf
         isa = symbol(self.lib, "omnilab_qgemv_isa", path)
         isa.restype = ctypes.c_char_p
         self.isa = isa().decode()
@@ -112,10 +117,14 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                                          "(fp32 activations) or its int8-activation reference", env, flags)
     if lib is None:
         return QgemvChoice("torch", None, None, reason + note, source), None
+    from omnilab.kernels import prefetch
+
+    pf = prefetch.resolve(lib)
     reason = (f"{reason}{note}; 1-{MAX_ROWS} rows stream the int8/int4 codes once ("
               f"{'vpdpbusd' if lib.isa == 'avx512' else 'vpmaddubsw'} for int8 activations), prefill: the kernel "
-              f"over 16-row blocks up to {CHUNKED_MAX_ROWS} rows, torch GEMM over dequantized blocks beyond")
-    return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source), lib
+              f"over 16-row blocks up to {CHUNKED_MAX_ROWS} rows, torch GEMM over dequantized blocks beyond; "
+              f"software prefetch {'/'.join(map(str, pf.distances))} bytes ({', '.join(prefetch.SLOTS)}): {pf.reason}")
+    return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source, prefetch=pf.distances), lib
 
 
 _SLOT = KernelSlot(resolve)
