@@ -9,7 +9,8 @@ rounded to the dtype as torch's, softmax and weighted sum in fp32 with each (row
 torch's SDPA the result differs by fp32 rounding (summation order), so greedy codes equal the torch path's on the
 official goldens (tests/test_parity.py) but are not promised bit for bit; a row's result does not depend on its batch
 mates, the thread count or the cache capacity (tests/kernels/test_attention.py). Both backends' code predictors and
-the eager talker take it; vLLM's talker layers keep vLLM's paged attention.
+the eager talker take it; vLLM's talker takes ``omnilab_paged_attn`` at decode (the same step over vLLM's paged fp32
+cache, in the one-call stack; ``stages/vllm/model.py``), and vLLM's attention for prefills.
 
 Choice, resolved once per process (:func:`attention_choice`), with a reason; ``OMNILAB_CPU_ATTN`` overrides:
 ``auto`` (default: the kernel for the CPU's widest ISA if it builds, else torch with a warning), ``omnilab`` /
@@ -35,14 +36,47 @@ ARGTYPES = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, _P, _P, _P] + [ctypes.c_int6
     [ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
+PAGED_ARGTYPES = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P] + [ctypes.c_int64] * 3 + [_P] + \
+    [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_float, ctypes.c_int]
+
+
 def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
-    return KernelLib(path, "omnilab_decode_attn", "omnilab_attn_isa", ARGTYPES)
+    from omnilab.kernels.trust import symbol
+
+    lib = KernelLib(path, "omnilab_decode_attn", "omnilab_attn_isa", ARGTYPES)
+    lib.paged = symbol(lib.lib, "omnilab_paged_attn", path)  # over vLLM's paged fp32 cache (attn.cpp)
+    lib.paged.argtypes = PAGED_ARGTYPES
+    lib.paged.restype = ctypes.c_int
+    return lib
 
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[KernelChoice, KernelLib | None]:
     """Decide (and build) without installing the result; :func:`attention_choice` caches it per process."""
     return resolve_simple(ENV, "decode attention", "attn", _Lib, "q/k norm, RoPE, cache write and attention of one "
                           "token in one call per layer", "~25 ops per layer", env, flags)
+
+
+def paged_attention(lib: KernelLib, qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                    sin_signed: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, positions: Sequence[int],
+                    num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
+    """One token per row over vLLM's paged fp32 cache (``attn.cpp``'s layout note): ``qkv`` [B, (Hq + 2 Hkv) D]
+    fp32 contiguous, ``cos`` / ``sin_signed`` [B, D], ``cache`` [blocks, Hkv, bs, 2 Dp] (one layer's),
+    ``block_table`` [>= B, max_blocks] int32. Writes k/v at ``positions[b]`` and returns [B, Hq * D]. The vLLM talker
+    calls it through ``stack.cpp``; this form is for tests and study."""
+    b = qkv.shape[0]
+    nblocks, hkv, bs, two_dp = cache.shape
+    if (qkv.dtype != torch.float32 or cache.dtype != torch.float32 or block_table.dtype != torch.int32
+            or hkv != num_kv_heads or not cache.is_contiguous() or block_table.stride(1) != 1):
+        raise ValueError("paged_attention takes fp32 qkv and cache [blocks, Hkv, bs, 2 Dp], int32 block table rows")
+    out = torch.empty(b, num_heads * head_dim)
+    pos = (ctypes.c_int64 * b)(*positions)
+    nw = norm_weight.contiguous()
+    if lib.paged(qkv.data_ptr(), nw.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), head_dim, cache.data_ptr(),
+                 block_table.data_ptr(), block_table.stride(0), pos, bs, two_dp // 2, nblocks, out.data_ptr(), b,
+                 num_heads, num_kv_heads, head_dim, float(eps), float(scale), torch.get_num_threads()):
+        raise RuntimeError(f"omnilab_paged_attn rejected B={b}, heads {num_heads}/{num_kv_heads}, D={head_dim}, "
+                           f"cache {tuple(cache.shape)}, positions {list(positions)}")
+    return out
 
 
 def launch(lib: KernelLib, qkv_p: int, nw_p: int, cos_p: int, sin_p: int, rope_stride: int, kp: list[int],

@@ -30,6 +30,10 @@ typedef int (*norm_fn)(const void* x, const void* w, void* y, int64_t rows, int6
 typedef int (*attn_fn)(const void* qkv, const void* nw, const void* cos, const void* sins, int64_t rope_stride,
                        const int64_t* kptr, const int64_t* vptr, const int64_t* cap, const int64_t* pos, void* out,
                        int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps, float scale, int dtype, int nt);
+typedef int (*pattn_fn)(const float* qkv, const float* nw, const float* cos, const float* sins, int64_t rope_stride,
+                        float* cache, const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
+                        int64_t nblocks, float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps,
+                        float scale, int nt);
 
 extern "C" {
 // Layouts shared with stack.py (ctypes Structures of the same fields, in the same order).
@@ -38,6 +42,7 @@ struct Kernels {
   qgemv_fn qgemv;  // omnilab_qgemv
   norm_fn norm;    // omnilab_rmsnorm
   attn_fn attn;    // omnilab_decode_attn
+  pattn_fn pattn;  // omnilab_paged_attn (the paged entry only)
 };
 struct Mat {         // one bias-free decode matrix [n, k]
   int64_t kind;      // 0: bf16 weights (gemv), 1: quantized (qgemv)
@@ -86,24 +91,10 @@ static inline void add_into(float* x, const float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] + o[i];
 }
 
-extern "C" {
-const char* omnilab_stack_isa() { return ISA_NAME; }
-
-// gu [rows, 2 * inter] (gate then up) -> act [rows, inter]. Returns 0, or -1 for bad sizes.
-int omnilab_swiglu(const float* gu, float* act, int64_t rows, int64_t inter) {
-  if (rows < 0 || inter < 1) return -1;
-  swiglu_rows(gu, act, rows, inter);
-  return 0;
-}
-
-// x [B, H] fp32 (not modified) through layers L[0..nl-1] at one token per row, then the final RMSNorm (norm_w [H],
-// norm_eps) into out [B, H]. Row b's k/v of layer l are written at pos[b] of kptr[l * B + b] / vptr[l * B + b]
-// (capacity cap[b]); cos / sins [*, D] with rope_stride 0 (all rows at one position) or D (one row each).
-// Returns 0, or the 1-based index of the call that failed (a kernel that rejected its arguments).
-int omnilab_stack_step(const Kernels* f, const Layer* L, int64_t nl, const float* x, int64_t B, int64_t H,
-                       const float* cos, const float* sins, int64_t rope_stride, const int64_t* kptr,
-                       const int64_t* vptr, const int64_t* cap, const int64_t* pos, const float* norm_w,
-                       float norm_eps, float* out, int nt) {
+// The stack's body; attn(l, qkv, qk weights, out) is the layer's one-token attention (its cache writes included).
+template <class Attn>
+static int stack_body(const Kernels* f, const Layer* L, int64_t nl, const float* x, int64_t B, int64_t H,
+                      const float* norm_w, float norm_eps, float* out, int nt, Attn attn) {
   if (nl < 0 || B < 1 || H < 1) return -1;
   int64_t nmax = H;
   for (int64_t l = 0; l < nl; ++l) {
@@ -122,8 +113,7 @@ int omnilab_stack_step(const Kernels* f, const Layer* L, int64_t nl, const float
     // input norm -> fused q/k/v -> one-token attention (writes the caches) -> o_proj, residual
     CHECK(f->norm(xs.data(), y.ln1, h.data(), B, H, 1, y.ln1_eps, 0, nt));
     CHECK(matmul(*f, y.qkv, h.data(), a.data(), B, nt));
-    CHECK(f->attn(a.data(), y.qk, cos, sins, rope_stride, kptr + l * B, vptr + l * B, cap, pos, b.data(), B, y.hq,
-                  y.hkv, y.d, y.qk_eps, y.scale, 0, nt));
+    CHECK(attn(l, y, a.data(), b.data()));
     CHECK(matmul(*f, y.o, b.data(), c.data(), B, nt));
     add_into(xs.data(), c.data(), B * H);
     // post-attention norm -> fused gate/up -> silu(gate) * up -> down_proj, residual
@@ -136,5 +126,44 @@ int omnilab_stack_step(const Kernels* f, const Layer* L, int64_t nl, const float
   CHECK(f->norm(xs.data(), norm_w, out, B, H, 1, norm_eps, 0, nt));
 #undef CHECK
   return 0;
+}
+
+extern "C" {
+const char* omnilab_stack_isa() { return ISA_NAME; }
+
+// gu [rows, 2 * inter] (gate then up) -> act [rows, inter]. Returns 0, or -1 for bad sizes.
+int omnilab_swiglu(const float* gu, float* act, int64_t rows, int64_t inter) {
+  if (rows < 0 || inter < 1) return -1;
+  swiglu_rows(gu, act, rows, inter);
+  return 0;
+}
+
+// x [B, H] fp32 (not modified) through layers L[0..nl-1] at one token per row, then the final RMSNorm (norm_w [H],
+// norm_eps) into out [B, H]. Row b's k/v of layer l are written at pos[b] of kptr[l * B + b] / vptr[l * B + b]
+// (capacity cap[b]); cos / sins [*, D] with rope_stride 0 (all rows at one position) or D (one row each).
+// Returns 0, or the 1-based index of the call that failed (a kernel that rejected its arguments).
+int omnilab_stack_step(const Kernels* f, const Layer* L, int64_t nl, const float* x, int64_t B, int64_t H,
+                       const float* cos, const float* sins, int64_t rope_stride, const int64_t* kptr,
+                       const int64_t* vptr, const int64_t* cap, const int64_t* pos, const float* norm_w,
+                       float norm_eps, float* out, int nt) {
+  return stack_body(f, L, nl, x, B, H, norm_w, norm_eps, out, nt, [&](int64_t l, const Layer& y, const float* qkv,
+                                                                       float* o) {
+    return f->attn(qkv, y.qk, cos, sins, rope_stride, kptr + l * B, vptr + l * B, cap, pos, o, B, y.hq, y.hkv, y.d,
+                   y.qk_eps, y.scale, 0, nt);
+  });
+}
+
+// The same over vLLM's paged caches (attn.cpp's omnilab_paged_attn): layer l's cache tensor at caches[l] (nblocks
+// blocks of bs tokens, head size Dp), row b's blocks in bt[b * bt_stride ...], its new token at pos[b].
+int omnilab_stack_step_paged(const Kernels* f, const Layer* L, int64_t nl, const float* x, int64_t B, int64_t H,
+                             const float* cos, const float* sins, int64_t rope_stride, const int64_t* caches,
+                             const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
+                             int64_t nblocks, const float* norm_w, float norm_eps, float* out, int nt) {
+  if (f->pattn == nullptr) return -1;
+  return stack_body(f, L, nl, x, B, H, norm_w, norm_eps, out, nt, [&](int64_t l, const Layer& y, const float* qkv,
+                                                                       float* o) {
+    return f->pattn(qkv, y.qk, cos, sins, rope_stride, (float*)caches[l], bt, bt_stride, pos, bs, Dp, nblocks, o, B,
+                    y.hq, y.hkv, y.d, y.qk_eps, y.scale, nt);
+  });
 }
 }

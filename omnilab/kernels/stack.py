@@ -33,7 +33,7 @@ _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 
 class Kernels(ctypes.Structure):
     """stack.cpp's ``Kernels``: the entry points it calls."""
-    _fields_ = [("gemv", _ptr), ("qgemv", _ptr), ("norm", _ptr), ("attn", _ptr)]
+    _fields_ = [("gemv", _ptr), ("qgemv", _ptr), ("norm", _ptr), ("attn", _ptr), ("pattn", _ptr)]
 
 
 class Mat(ctypes.Structure):
@@ -52,12 +52,19 @@ class Layer(ctypes.Structure):
 STEP_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _f32, _ptr,
                  ctypes.c_int]
 
+# f, L, nl, x, B, H, cos, sins, rope_stride, caches, bt, bt_stride, pos, bs, Dp, nblocks, norm_w, norm_eps, out, nt
+PAGED_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _ptr,
+                  _f32, _ptr, ctypes.c_int]
+
 
 def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
     lib = KernelLib(path, "omnilab_swiglu", "omnilab_stack_isa", [_ptr, _ptr, _i64, _i64])
     lib.step = symbol(lib.lib, "omnilab_stack_step", path)
     lib.step.argtypes = STEP_ARGTYPES
     lib.step.restype = ctypes.c_int
+    lib.step_paged = symbol(lib.lib, "omnilab_stack_step_paged", path)
+    lib.step_paged.argtypes = PAGED_ARGTYPES
+    lib.step_paged.restype = ctypes.c_int
     return lib
 
 

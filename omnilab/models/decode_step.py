@@ -219,18 +219,11 @@ class StackStep:
     def __reduce__(self):
         return (StackStep, ())
 
-    def __call__(self, layers, norm, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
-                 caches, recheck: bool = True) -> torch.Tensor | None:
-        """``x`` [B, 1, H] fp32 -> ``norm(layers(x))`` [B, 1, H] with every layer's k/v written into ``caches``
-        (the caller advances their lengths), or None where the per-layer path must run.
-
-        ``recheck=False``: the caller vouches that no weight changed since the previous call (the code predictor's
-        steps within one frame), so the plans that call checked are used without looking at the layers again
-        (~20 us a layer); a previous call that did not run the stack makes this one check anyway."""
+    def _ready(self, layers, norm, recheck: bool):
+        """``(lib, plans)`` for one call (the records and kernel table rebuilt when a plan changed), or None."""
         lib = stack_k.loaded_library()
         w = norm.weight
-        if lib is None or not _inputs_fit(x, cos, sin_signed, caches) or mode() != "auto" \
-                or w.dtype != torch.float32 or not w.is_contiguous():
+        if lib is None or mode() != "auto" or w.dtype != torch.float32 or not w.is_contiguous():
             self._valid = False
             return None
         if recheck or not self._valid:
@@ -245,8 +238,25 @@ class StackStep:
             self._records = (stack_k.Layer * len(plans))(*[p["record"] for p in plans])
             self._kernels = stack_k.Kernels(_address(getattr(p0["glib"], "fn_bf16w", None)),
                                             _address(getattr(p0["qlib"], "fn", None)), _address(p0["nlib"].fn),
-                                            _address(p0["alib"].fn))
+                                            _address(p0["alib"].fn), _address(getattr(p0["alib"], "paged", None)))
             self._plans = plans  # held: the records point into these plans' weights
+        return lib, plans
+
+    def __call__(self, layers, norm, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                 caches, recheck: bool = True) -> torch.Tensor | None:
+        """``x`` [B, 1, H] fp32 -> ``norm(layers(x))`` [B, 1, H] with every layer's k/v written into ``caches``
+        (the caller advances their lengths), or None where the per-layer path must run.
+
+        ``recheck=False``: the caller vouches that no weight changed since the previous call (the code predictor's
+        steps within one frame), so the plans that call checked are used without looking at the layers again
+        (~20 us a layer); a previous call that did not run the stack makes this one check anyway."""
+        if not _inputs_fit(x, cos, sin_signed, caches):
+            self._valid = False
+            return None
+        ready = self._ready(layers, norm, recheck)
+        if ready is None:
+            return None
+        lib, plans = ready
         b, _, hdim = x.shape
         n = len(plans)
         if isinstance(caches, Sequence):
@@ -264,10 +274,45 @@ class StackStep:
         out = torch.empty(b, 1, hdim)
         rc = lib.step(ctypes.byref(self._kernels), self._records, n, x.data_ptr(), b, hdim, cos.data_ptr(),
                       sin_signed.data_ptr(), 0 if cos.shape[0] == 1 else plans[0]["heads"][2], arr(*kp), arr(*vp),
-                      rows(*caps), rows(*positions), w.data_ptr(), norm.eps, out.data_ptr(), torch.get_num_threads())
+                      rows(*caps), rows(*positions), norm.weight.data_ptr(), norm.eps, out.data_ptr(),
+                      torch.get_num_threads())
         if rc:
             raise RuntimeError(f"omnilab_stack_step: kernel call {rc} rejected its arguments (B={b}, H={hdim}, "
                                f"{n} layers, positions {positions}, capacities {caps})")
+        self._valid = True
+        return out
+
+    def paged(self, layers, norm, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+              caches: Sequence[torch.Tensor], block_table: torch.Tensor, positions: Sequence[int],
+              recheck: bool = True) -> torch.Tensor | None:
+        """The same step over vLLM's paged fp32 caches (``attn.cpp``'s layout note): ``x`` [B, H] fp32, ``cos`` /
+        ``sin_signed`` [B, D] (each row's position), ``caches[l]`` layer l's [blocks, Hkv, bs, 2 Dp] tensor,
+        ``block_table`` [>= B, max_blocks] int32, ``positions[b]`` where row b's token goes. -> [B, H], or None where
+        it does not apply (the caller runs vLLM's layers)."""
+        if (x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() or cos.dtype != torch.float32
+                or not cos.is_contiguous() or not sin_signed.is_contiguous() or torch.compiler.is_compiling()
+                or (torch.is_grad_enabled() and x.requires_grad) or not fuse.enabled() or not enabled()
+                or x.shape[0] > fuse.MAX_ROWS or block_table.dtype != torch.int32 or block_table.stride(1) != 1
+                or len(caches) != len(layers)
+                or any(c.dtype != torch.float32 or c.dim() != 4 or not c.is_contiguous() for c in caches)):
+            self._valid = False
+            return None
+        ready = self._ready(layers, norm, recheck)
+        if ready is None or getattr(ready[1][0]["alib"], "paged", None) is None:
+            return None
+        lib, plans = ready
+        b, hdim = x.shape
+        n = len(plans)
+        nblocks, _, bs, two_dp = caches[0].shape
+        out = torch.empty(b, hdim)
+        rc = lib.step_paged(ctypes.byref(self._kernels), self._records, n, x.data_ptr(), b, hdim, cos.data_ptr(),
+                            sin_signed.data_ptr(), plans[0]["heads"][2], (ctypes.c_int64 * n)(*[c.data_ptr() for c in caches]),
+                            block_table.data_ptr(), block_table.stride(0), (ctypes.c_int64 * b)(*positions), bs,
+                            two_dp // 2, nblocks, norm.weight.data_ptr(), norm.eps, out.data_ptr(),
+                            torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"omnilab_stack_step_paged: kernel call {rc} rejected its arguments (B={b}, H={hdim}, "
+                               f"{n} layers, positions {list(positions)}, cache {tuple(caches[0].shape)})")
         self._valid = True
         return out
 

@@ -113,6 +113,111 @@ def test_a_position_past_the_capacity_is_an_error_and_odd_shapes_fall_back(lib):
     assert _call(lib, qkv, nw, EPS, cos, sin, ks, vs, [0], 3, 2, 16, 0.25) is None  # Hq not a multiple of Hkv
 
 
+def to_paged(ks, vs, bs, dp, tables, nblocks):
+    """Contiguous per-row caches [Hkv, cap, D] -> one paged fp32 cache [blocks, Hkv, bs, 2 Dp] in vLLM's CPU "vec"
+    layout (attn.cpp: per (block, head) keys transposed [Dp][bs], then values [bs][Dp]; pads zero), rows' blocks
+    at ``tables[b]``; unused blocks hold noise (a kernel that reads them is caught)."""
+    hkv, _, d = ks[0].shape
+    cache = torch.randn(nblocks, hkv, 2 * bs, dp, generator=torch.Generator().manual_seed(7)) * 100
+    for k, v, table in zip(ks, vs, tables):
+        for j in range(k.shape[1]):
+            blk, off = table[j // bs], j % bs
+            kt = cache[blk, :, :bs].view(hkv, dp, bs)  # keys: [Dp][bs]
+            kt[:, :d, off], kt[:, d:, off] = k[:, j], 0.0
+            cache[blk, :, bs + off, :d], cache[blk, :, bs + off, d:] = v[:, j], 0.0
+    return cache.view(nblocks, hkv, bs, 2 * dp)
+
+
+def paged_rows(cache, table, length, bs, d):
+    """Row keys / values [Hkv, length, D] read back from the paged layout."""
+    nblocks, hkv, _, two_dp = cache.shape
+    c = cache.view(nblocks, hkv, 2 * bs, two_dp // 2)
+    ks, vs = [], []
+    for j in range(length):
+        blk, off = table[j // bs], j % bs
+        ks.append(c[blk, :, :bs].reshape(hkv, two_dp // 2, bs)[:, :d, off])
+        vs.append(c[blk, :, bs + off, :d])
+    return torch.stack(ks, 1), torch.stack(vs, 1)
+
+
+def _paged(lib, qkv, nw, cos, sin, cache, table, positions, hq, hkv, d):
+    return attention.paged_attention(lib, qkv[:, 0].contiguous(), nw, EPS, cos[:, 0].contiguous(),
+                                     sin[:, 0].contiguous(), cache, table, positions, hq, hkv, d, d ** -0.5)
+
+
+@pytest.mark.parametrize("hq,hkv,d,dp", [(4, 2, 16, 32), (16, 8, 128, 128), (4, 4, 64, 64)])
+@pytest.mark.parametrize("bs", [32, 128])
+def test_paged_matches_the_contiguous_kernel(lib, hq, hkv, d, dp, bs):
+    """Over vLLM's paged layout (blocks scattered, rows of 1, 40 and 130 tokens, padded heads): the same output as
+    the contiguous kernel within fp32 rounding of another summation order (scores: one FMA chain per token here, a
+    lane dot there: D + L rounding steps at most, rtol 1e-5); the new k / v written bitwise as the contiguous kernel
+    writes them (the same norm and RoPE code), pads zero, every other slot untouched."""
+    positions = [0, 39, 129]
+    caps = [p + 1 for p in positions]
+    qkv, nw, ks, vs, cos, sin = _case(3, hq, hkv, d, positions, caps, torch.float32, seed=5)
+    nblocks = 12
+    order = torch.randperm(nblocks, generator=torch.Generator().manual_seed(1)).tolist()
+    per = [(c + bs - 1) // bs for c in caps]
+    tables, at = [], 0
+    for n in per:
+        tables.append(order[at:at + n])
+        at += n
+    table = torch.full((3, max(per) + 2), -1, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    cache = to_paged(ks, vs, bs, dp, tables, nblocks)
+    before = cache.clone()
+    ks_c, vs_c = [k.clone() for k in ks], [v.clone() for v in vs]
+    want = _call(lib, qkv, nw, EPS, cos, sin, ks_c, vs_c, positions, hq, hkv, d, d ** -0.5)[:, 0]
+    got = _paged(lib, qkv, nw, cos, sin, cache, table, positions, hq, hkv, d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    changed = torch.zeros_like(cache, dtype=torch.bool)
+    for i, pos in enumerate(positions):
+        k, v = paged_rows(cache, tables[i], pos + 1, bs, d)
+        assert torch.equal(k[:, pos], ks_c[i][:, pos]) and torch.equal(v[:, pos], vs_c[i][:, pos])
+        blk, off = tables[i][pos // bs], pos % bs
+        c = changed.view(nblocks, hkv, 2 * bs, dp)
+        c[blk, :, :bs].view(hkv, dp, bs)[:, :, off] = True
+        c[blk, :, bs + off] = True
+        if dp > d:
+            kt = cache.view(nblocks, hkv, 2 * bs, dp)[blk, :, :bs].reshape(hkv, dp, bs)
+            assert not kt[:, d:, off].any() and not cache.view(nblocks, hkv, 2 * bs, dp)[blk, :, bs + off, d:].any()
+    assert torch.equal(cache[~changed], before[~changed])
+
+
+def test_paged_row_does_not_depend_on_batch_mates_threads_or_blocks(lib):
+    hq, hkv, d = 16, 8, 128
+    positions = [70, 5]
+    qkv, nw, ks, vs, cos, sin = _case(2, hq, hkv, d, positions, [p + 1 for p in positions], torch.float32, seed=9)
+    whole = None
+    for bs, tables in ((32, [[0, 1, 2], [3]]), (32, [[7, 2, 5], [1]]), (128, [[1], [0]])):
+        cache = to_paged(ks, vs, bs, d, tables, 8)
+        table = torch.tensor([t + [0] * (3 - len(t)) for t in tables], dtype=torch.int32)
+        got = _paged(lib, qkv, nw, cos, sin, cache, table, positions, hq, hkv, d)
+        whole = got if whole is None else whole
+        assert torch.equal(got, whole), (bs, tables)
+        alone = _paged(lib, qkv[1:].contiguous(), nw, cos[1:], sin[1:], to_paged(ks[1:], vs[1:], bs, d, tables[1:], 8),
+                       table[1:].contiguous(), positions[1:], hq, hkv, d)
+        assert torch.equal(alone, whole[1:])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        cache = to_paged(ks, vs, 32, d, [[0, 1, 2], [3]], 8)
+        table = torch.tensor([[0, 1, 2], [3, 0, 0]], dtype=torch.int32)
+        assert torch.equal(_paged(lib, qkv, nw, cos, sin, cache, table, positions, hq, hkv, d), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_paged_rejects_block_ids_outside_the_cache(lib):
+    qkv, nw, ks, vs, cos, sin = _case(1, 4, 2, 16, [40], [41], torch.float32)
+    cache = to_paged(ks, vs, 32, 32, [[0, 1]], 2)
+    with pytest.raises(RuntimeError, match="omnilab_paged_attn rejected"):
+        _paged(lib, qkv, nw, cos, sin, cache, torch.tensor([[0, 2]], dtype=torch.int32), [40], 4, 2, 16)
+    with pytest.raises(RuntimeError, match="omnilab_paged_attn rejected"):
+        _paged(lib, qkv, nw, cos, sin, cache, torch.tensor([[0, -1]], dtype=torch.int32), [40], 4, 2, 16)
+
+
 @pytest.mark.parametrize("quantization", [None, "int8"])
 def test_greedy_codes_match_the_torch_ops_on_the_pipeline(tiny_ckpt, fresh_choice, quantization):
     """The user's path (eager, greedy, tiny checkpoint): the kernel and torch's ops give the same codes (their

@@ -28,6 +28,7 @@ from torch import nn
 
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
@@ -36,6 +37,7 @@ from omnilab.config import Qwen3TTSConfig
 from omnilab.kernels import gemv_choice
 from omnilab.kernels.quant import from_key
 from omnilab.kernels.norm import rms_norm
+from omnilab.models.decode_step import StackStep
 from omnilab.models.talker import Talker
 from omnilab.stages.vllm.config import padded_head_size
 from omnilab.stages.vllm.view import ARCH
@@ -138,6 +140,8 @@ class OmnilabTalkerForVLLM(nn.Module):
         self.stack = PagedTalkerStack(vllm_config=vllm_config, prefix=f"{prefix}.stack" if prefix else "stack")
         self.tts_config = self.stack.tts_config
         self.logits_ms = 0.0
+        self.paged_step = StackStep()  # decode-only steps: the one-call stack over vLLM's paged caches
+        self.paged_steps = 0           # forwards that took it (the rest ran vLLM's attention layers)
 
     @property
     def talker(self) -> Talker:
@@ -154,7 +158,48 @@ class OmnilabTalkerForVLLM(nn.Module):
         """``inputs_embeds`` [N, H] (flattened tokens of all scheduled requests) -> final-norm hidden [N, H]."""
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
-        return self.stack(None, positions.reshape(-1).long(), None, inputs_embeds)
+        positions = positions.reshape(-1).long()
+        out = self._paged_decode(inputs_embeds, positions)
+        if out is not None:
+            self.paged_steps += 1
+            return out
+        return self.stack(None, positions, None, inputs_embeds)
+
+    def _paged_decode(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        """A decode-only step (one token per request) through omnilab's one-call stack over vLLM's paged caches
+        (``StackStep.paged``: the eager talker's kernels, ``attn.cpp``'s paged attention), or None where it does not
+        apply (a prefill in the batch, no forward context, a cache layout other than fp32 "vec", a geometry or
+        dtype the kernels do not take): then vLLM's attention layers run."""
+        st = self.stack
+        try:
+            md_all = get_forward_context().attn_metadata
+        except (AssertionError, RuntimeError):  # no forward context (dummy runs outside one)
+            return None
+        if not isinstance(md_all, dict):
+            return None
+        md = md_all.get(st.attn[0].layer_name)
+        if (md is None or getattr(md, "max_query_len", None) != 1 or getattr(md, "num_actual_tokens", -1) != x.shape[0]
+                or not getattr(md, "causal", False) or getattr(md, "dynamic_causal", None) is not None
+                or any(md_all.get(a.layer_name) is not md for a in st.attn)):
+            return None
+        caches = self._paged_caches()
+        if caches is None:
+            return None
+        return self.paged_step.paged(st.talker.model.layers, st.talker.model.norm, x, st.rope_cos[positions],
+                                     st.rope_sin[positions], caches, md.block_table, positions.tolist())
+
+    def _paged_caches(self) -> list[torch.Tensor] | None:
+        """Every layer's bound KV cache tensor when all are fp32 [blocks, Hkv, bs, 2 Dp] in vLLM's "vec" layout (what
+        ``omnilab_paged_attn`` reads), else None."""
+        st = self.stack
+        caches = [a.kv_cache for a in st.attn]
+        c0 = caches[0]
+        if (c0.dim() != 4 or c0.dtype != torch.float32 or c0.shape[1] != st.tts_config.talker.num_key_value_heads
+                or c0.shape[3] != 2 * st.attn_head_dim or c0.shape[2] % 16
+                or any(getattr(a, "isa", None) != "vec" for a in st.attn)
+                or any(c.shape != c0.shape or c.dtype != c0.dtype or not c.is_contiguous() for c in caches)):
+            return None
+        return caches
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
