@@ -29,6 +29,7 @@ from omnilab.kernels.trust import symbol
 ENV = "OMNILAB_CPU_STACK"
 MODES = KERNEL_MODES
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+_ACT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Kernels(ctypes.Structure):
@@ -49,8 +50,9 @@ class Layer(ctypes.Structure):
                 ("hkv", _i64), ("d", _i64), ("inter", _i64)]
 
 
+# f, L, nl, x, B, H, cos, sins, rope_stride, kptr, vptr, cap, pos, norm_w, norm_eps, out, dtype, nt
 STEP_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _f32, _ptr,
-                 ctypes.c_int]
+                 ctypes.c_int, ctypes.c_int]
 
 # f, L, nl, x, B, H, cos, sins, rope_stride, caches, bt, bt_stride, pos, bs, Dp, nblocks, norm_w, norm_eps, out, nt
 PAGED_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _ptr,
@@ -59,6 +61,9 @@ PAGED_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _p
 
 def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
     lib = KernelLib(path, "omnilab_swiglu", "omnilab_stack_isa", [_ptr, _ptr, _i64, _i64])
+    lib.swiglu_bf16 = symbol(lib.lib, "omnilab_swiglu_bf16", path)
+    lib.swiglu_bf16.argtypes = [_ptr, _ptr, _i64, _i64]
+    lib.swiglu_bf16.restype = ctypes.c_int
     lib.step = symbol(lib.lib, "omnilab_stack_step", path)
     lib.step.argtypes = STEP_ARGTYPES
     lib.step.restype = ctypes.c_int
@@ -100,10 +105,11 @@ def loaded_library() -> KernelLib | None:
 def swiglu(gu: torch.Tensor, inter: int) -> torch.Tensor:
     """``gu`` [..., 2 * inter] (gate then up, the fused projection's output) -> ``silu(gate) * up`` [..., inter].
 
-    The kernel takes contiguous fp32 CPU tensors outside autograd (under torch.compile, as an opaque call: a
-    compiled MLP gives the same numbers as the eager one); anything else is torch's ``F.silu(gate) * up``."""
+    The kernel takes contiguous fp32 or bf16 CPU tensors outside autograd (under torch.compile, as an opaque call:
+    a compiled MLP gives the same numbers as the eager one); anything else is torch's ``F.silu(gate) * up``. bf16:
+    ``rnd(rnd(silu(g)) * u)``, silu in fp32 as for fp32 rows (torch's bf16 ops round the same two places)."""
     lib = _SLOT.loaded()
-    if (lib is None or gu.dtype != torch.float32 or gu.device.type != "cpu" or not gu.is_contiguous()
+    if (lib is None or gu.dtype not in _ACT_DTYPES or gu.device.type != "cpu" or not gu.is_contiguous()
             or gu.shape[-1] != 2 * inter or (torch.is_grad_enabled() and gu.requires_grad)):
         return F.silu(gu[..., :inter]) * gu[..., inter:]
     if torch.compiler.is_compiling():
@@ -112,19 +118,20 @@ def swiglu(gu: torch.Tensor, inter: int) -> torch.Tensor:
 
 
 def _kernel(lib: KernelLib, gu: torch.Tensor, inter: int) -> torch.Tensor:
-    y = torch.empty(*gu.shape[:-1], inter)
-    launch_swiglu(lib, gu.data_ptr(), y.data_ptr(), gu.numel() // (2 * inter) if inter else 0, inter)
+    y = torch.empty(*gu.shape[:-1], inter, dtype=gu.dtype)
+    launch_swiglu(lib, gu.data_ptr(), y.data_ptr(), gu.numel() // (2 * inter) if inter else 0, inter,
+                  gu.dtype == torch.bfloat16)
     return y
 
 
 def swiglu_pair(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for separate gate / up tensors (the MLP without fused projections): the same numbers
     as :func:`swiglu` over their concatenation."""
-    if _SLOT.loaded() is None or gate.dtype != torch.float32 or gate.shape != up.shape or gate.requires_grad:
+    if _SLOT.loaded() is None or gate.dtype not in _ACT_DTYPES or gate.shape != up.shape or gate.requires_grad:
         return F.silu(gate) * up
     return swiglu(torch.cat([gate, up], dim=-1), gate.shape[-1])
 
 
-def launch_swiglu(lib: KernelLib, gu_p: int, y_p: int, rows: int, inter: int) -> None:
-    if lib.fn(gu_p, y_p, rows, inter):
+def launch_swiglu(lib: KernelLib, gu_p: int, y_p: int, rows: int, inter: int, bf16: bool = False) -> None:
+    if (lib.swiglu_bf16 if bf16 else lib.fn)(gu_p, y_p, rows, inter):
         raise RuntimeError(f"omnilab_swiglu rejected {rows} rows of {inter}")

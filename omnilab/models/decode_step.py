@@ -102,11 +102,12 @@ class DecodeStep:
             return None
         calls = [_matmul(w, glib, qlib) for w in (qkv, a.o_proj.weight, gate_up, m.down_proj.weight)]
         ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-        if any(c is None for c in calls) or any(w.dtype != torch.float32 or not w.is_contiguous()
-                                                for w in (ln1.weight, ln2.weight)):
+        dtype = ln1.weight.dtype  # the compute dtype: fp32 (every path) or bf16 (the one-call stack only)
+        if any(c is None for c in calls) or dtype not in _STACK_CODES or any(
+                w.dtype != dtype or not w.is_contiguous() for w in (ln1.weight, ln2.weight)):
             return None
         qk_w = a._qk_weight()
-        if qk_w.dtype != torch.float32 or a.head_dim > attn_k.MAX_HEAD_DIM or a.num_heads % a.num_kv_heads:
+        if qk_w.dtype != dtype or a.head_dim > attn_k.MAX_HEAD_DIM or a.num_heads % a.num_kv_heads:
             return None
         inter = m.gate_proj.weight.shape[0]
         (qkv_c, qkv_m), (o_c, o_m), (gu_c, gu_m), (down_c, down_m) = calls
@@ -116,7 +117,8 @@ class DecodeStep:
         return dict(qkv=qkv_c, o=o_c, gu=gu_c, down=down_c, nqkv=qkv.shape[0], ngu=gate_up.shape[0],
                     inter=inter, ln1=(ln1.weight, ln1.eps), ln2=(ln2.weight, ln2.eps), qk=(qk_w, a.q_norm.eps),
                     heads=(a.num_heads, a.num_kv_heads, a.head_dim), scale=a.scale, nlib=nlib, alib=alib,
-                    glib=glib, qlib=qlib, record=record,
+                    glib=glib, qlib=qlib, record=record, dtype=dtype,
+                    bf16_weights=any(m.kind == 0 for m in (qkv_m, o_m, gu_m, down_m)),
                     keep=(qkv, gate_up, qk_w))  # keep: the fused matrices outlive the pointers taken from them
 
     def __reduce__(self):  # a copied model starts unplanned (the plan holds raw pointers of these weights)
@@ -139,7 +141,7 @@ class DecodeStep:
             return None
         b, _, hdim = x.shape
         p = self.plan(layer)
-        if p is None:
+        if p is None or p["dtype"] != torch.float32:  # bf16 layers: the one-call stack only
             return None
         hq, hkv, d = p["heads"]
         if isinstance(caches, Sequence):
@@ -192,13 +194,21 @@ def _weight(mod) -> Any:
     return w if w is not None else mod.__dict__.get("weight")
 
 
-def _inputs_fit(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, caches) -> bool:
+_STACK_CODES = {torch.float32: 0, torch.bfloat16: 1}  # stack.cpp's dtype argument
+
+
+def _inputs_fit(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, caches, stack: bool = False) -> bool:
     """Whether one step's inputs are what the direct calls take: fp32 contiguous rows (at most ``fuse.MAX_ROWS``),
-    fp32 caches, no autograd or torch.compile, fused projections and the decode step on."""
-    return not (x.dtype != torch.float32 or not x.is_contiguous() or cos.dtype != torch.float32
+    fp32 caches, no autograd or torch.compile, fused projections and the decode step on. ``stack``: the one-call
+    stack also takes bf16 rows, tables and caches (:meth:`StackStep.__call__` checks that bf16 compute's linears take
+    the kernel, so the general path makes the same calls)."""
+    dtype = x.dtype
+    if dtype not in _STACK_CODES or (dtype != torch.float32 and not stack):
+        return False
+    return not (not x.is_contiguous() or cos.dtype != dtype or sin_signed.dtype != dtype
                 or not cos.is_contiguous() or not sin_signed.is_contiguous() or torch.compiler.is_compiling()
                 or (torch.is_grad_enabled() and x.requires_grad) or not fuse.enabled() or not enabled()
-                or x.shape[0] > fuse.MAX_ROWS or kb_dtype(caches) != torch.float32)
+                or x.shape[0] > fuse.MAX_ROWS or kb_dtype(caches) != dtype)
 
 
 def _address(fn: Any) -> int | None:
@@ -223,13 +233,13 @@ class StackStep:
         """``(lib, plans)`` for one call (the records and kernel table rebuilt when a plan changed), or None."""
         lib = stack_k.loaded_library()
         w = norm.weight
-        if lib is None or mode() != "auto" or w.dtype != torch.float32 or not w.is_contiguous():
+        if lib is None or mode() != "auto" or w.dtype not in _STACK_CODES or not w.is_contiguous():
             self._valid = False
             return None
         if recheck or not self._valid:
             self._valid = False
             plans = tuple(layer._step.plan(layer) for layer in layers)
-            if not plans or any(p is None for p in plans):
+            if not plans or any(p is None or p["dtype"] != w.dtype for p in plans):
                 return None
         else:
             plans = self._plans
@@ -250,10 +260,16 @@ class StackStep:
         ``recheck=False``: the caller vouches that no weight changed since the previous call (the code predictor's
         steps within one frame), so the plans that call checked are used without looking at the layers again
         (~20 us a layer); a previous call that did not run the stack makes this one check anyway."""
-        if not _inputs_fit(x, cos, sin_signed, caches):
+        if not _inputs_fit(x, cos, sin_signed, caches, stack=True):
             self._valid = False
             return None
         ready = self._ready(layers, norm, recheck)
+        if ready is not None and ready[1][0]["dtype"] != x.dtype:
+            return None
+        if ready is not None and x.dtype == torch.bfloat16 and any(p["bf16_weights"] for p in ready[1]):
+            from omnilab.kernels.gemv import _paths
+            if _paths().bf16_decode != "kernel":  # the general path's bf16 linears are torch's: not the same calls
+                return None
         if ready is None:
             return None
         lib, plans = ready
@@ -271,11 +287,11 @@ class StackStep:
             caps = [caches.k[0].shape[2]] * b
             positions = [caches.length] * b
         arr, rows = ctypes.c_int64 * (n * b), ctypes.c_int64 * b
-        out = torch.empty(b, 1, hdim)
+        out = torch.empty(b, 1, hdim, dtype=x.dtype)
         rc = lib.step(ctypes.byref(self._kernels), self._records, n, x.data_ptr(), b, hdim, cos.data_ptr(),
                       sin_signed.data_ptr(), 0 if cos.shape[0] == 1 else plans[0]["heads"][2], arr(*kp), arr(*vp),
                       rows(*caps), rows(*positions), norm.weight.data_ptr(), norm.eps, out.data_ptr(),
-                      torch.get_num_threads())
+                      _STACK_CODES[x.dtype], torch.get_num_threads())
         if rc:
             raise RuntimeError(f"omnilab_stack_step: kernel call {rc} rejected its arguments (B={b}, H={hdim}, "
                                f"{n} layers, positions {positions}, capacities {caps})")
@@ -298,7 +314,7 @@ class StackStep:
             self._valid = False
             return None
         ready = self._ready(layers, norm, recheck)
-        if ready is None or getattr(ready[1][0]["alib"], "paged", None) is None:
+        if ready is None or ready[1][0]["dtype"] != torch.float32 or getattr(ready[1][0]["alib"], "paged", None) is None:
             return None
         lib, plans = ready
         b, hdim = x.shape

@@ -41,6 +41,24 @@ def test_swiglu_matches_torch_within_a_few_ulp(lib, shape, inter):
     assert ((got - ref).abs() <= 5 * torch.finfo(torch.float32).eps * ref.abs() + 1e-37).all()
 
 
+@pytest.mark.parametrize("shape,inter", [((1, 1, 6144), 3072), ((3, 1, 6144), 3072), ((1, 1, 34), 17)])
+def test_bf16_swiglu_rounds_as_torchs_bf16_ops(lib, shape, inter):
+    """bf16 rows: rnd(rnd(silu(g)) * u) with silu in fp32. torch's bf16 F.silu also computes in fp32 and rounds, so
+    the two silu values differ by at most 1 bf16 step where the fp32 values (within 5 eps) straddle a rounding
+    boundary, and the product then by at most 1 step more: within 2 bf16 steps (2 * 2^-8 relative); and bitwise
+    the bf16 rounding of the kernel's own fp32 silu (the computed reference below)."""
+    g = torch.Generator().manual_seed(2)
+    gu = (torch.randn(*shape, generator=g) * 4).bfloat16()
+    got = _call(lib, gu, inter)
+    assert got.dtype == torch.bfloat16 and got.shape == (*shape[:-1], inter)
+    ref = F.silu(gu[..., :inter]) * gu[..., inter:]
+    step = 2.0 ** -8
+    assert ((got.float() - ref.float()).abs() <= 2 * step * ref.float().abs() + 1e-30).all()
+    silu32 = _call(lib, torch.cat([gu[..., :inter].float(), torch.ones_like(gu[..., inter:].float())], -1), inter)
+    own = (silu32.bfloat16().float() * gu[..., inter:].float()).bfloat16()
+    assert torch.equal(got, own)
+
+
 def test_swiglu_extremes(lib):
     """Large |g|: silu(g) -> g for g >> 0 and -> -0 (not NaN) for g << 0; infinities and NaN propagate as torch's."""
     gate = torch.tensor([[-1e4, -100.0, -88.0, 0.0, 88.0, 100.0, 1e4, float("nan")]])

@@ -88,34 +88,38 @@ def test_greedy_codes_and_the_off_switch(tiny_ckpt, monkeypatch):
         pipe.close()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])
 @pytest.mark.parametrize("batch,per_row", [(1, False), (3, False), (2, True)])
 def test_the_one_call_stack_is_bitwise_the_layer_steps_and_the_general_path(tiny_ckpt, monkeypatch, quantization,
-                                                                            batch, per_row):
+                                                                            batch, per_row, dtype):
     """run_stack at one token per row (the talker's per-row caches, the predictor's shared cache): the same hidden
     states and the same k/v written in every layer whether the stack runs in one kernel call, layer by layer from
-    Python, or through the general path."""
+    Python, or through the general path. bf16 compute too: there the stack rounds every op as torch's bf16 ops do
+    (bf16 rows widened exactly into the fp32 kernels, results rounded once; the per-layer calls are fp32-only, so
+    ``layer`` is the general path)."""
     from omnilab.models.decoder import run_stack
     from omnilab.pipeline import Pipeline
 
-    pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32",
+    pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype=dtype,
                                     quantization=quantization)
+    dt = getattr(torch, dtype)
     try:
         cp, pc = pipe.model.talker.code_predictor, pipe.model.config.code_predictor
         lengths = [3 + 2 * i for i in range(batch)] if per_row else [5] * batch
 
         def caches():
             gen = torch.Generator().manual_seed(7)
-            cs = ([KVCache(pc.num_hidden_layers, 1, pc.num_key_value_heads, pc.head_dim, 16 + 8 * i, torch.float32)
+            cs = ([KVCache(pc.num_hidden_layers, 1, pc.num_key_value_heads, pc.head_dim, 16 + 8 * i, dt)
                    for i in range(batch)] if per_row else
-                  [KVCache(pc.num_hidden_layers, batch, pc.num_key_value_heads, pc.head_dim, 16, torch.float32)])
+                  [KVCache(pc.num_hidden_layers, batch, pc.num_key_value_heads, pc.head_dim, 16, dt)])
             for c, n in zip(cs, lengths):
                 for t in c.k + c.v:
                     t.copy_(torch.randn(t.shape, generator=gen))
                 c.length = n
             return cs if per_row else cs[0]
 
-        x = torch.randn(batch, 1, pc.hidden_size, generator=torch.Generator().manual_seed(8))
+        x = torch.randn(batch, 1, pc.hidden_size, generator=torch.Generator().manual_seed(8)).to(dt)
         out, kv = {}, {}
         with torch.inference_mode():
             for mode in ("off", "layer", "auto"):
@@ -126,6 +130,8 @@ def test_the_one_call_stack_is_bitwise_the_layer_steps_and_the_general_path(tiny
                 kv[mode] = [[t.clone() for t in cc.k + cc.v] for cc in cs]
                 assert [cc.length for cc in cs] == ([n + 1 for n in lengths] if per_row else [lengths[0] + 1])
         assert cp.model.layers._stack_step._plans, "the one-call stack must apply to these layers"
+        assert cp.model.layers._stack_step._plans[0]["dtype"] == dt and out["auto"].dtype == dt
+        assert cp.model.layers._stack_step._valid, "the last call (auto) ran the one-call stack"
         for mode in ("layer", "auto"):
             assert torch.equal(out["off"], out[mode]), mode
             for a, b in zip(kv["off"], kv[mode]):
