@@ -37,6 +37,12 @@ def test_auto_profile_places_the_engine_by_the_planned_mode(tiny_ckpt, monkeypat
     monkeypatch.setattr("omnilab.hardware.probe_hardware", lambda *a, **k: hw)  # what resolve_profile probes
     for k in [k for k in os.environ if k.startswith("VLLM_CPU_")]:  # vLLM's CPU variables would override the plan
         monkeypatch.delenv(k)
+    if mode == "split":
+        # the tiny checkpoint runs far under real time on 56 cores, where the planner keeps one process
+        easy = prepare(tiny_ckpt(), backend="vllm")
+        assert easy.profile.mode.value == "shared" and "far under real time" in easy.profile.mode.reason
+        assert easy.placement == "in-process"
+        monkeypatch.setattr("omnilab.profiles.planner.EASY_SHARE", 0.0)  # the 0.6B-like case: a split pays
     d = prepare(tiny_ckpt(), backend="vllm")
     p = d.profile
     assert isinstance(p, DeployProfile) and p.name == "auto" and p.mode.value == mode and p.mode.source == "auto"

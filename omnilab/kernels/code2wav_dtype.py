@@ -32,13 +32,7 @@ from omnilab.errors import ConfigError
 ENV = "OMNILAB_CODE2WAV_DTYPE"
 MODES = ("auto", "float32", "bfloat16")
 
-# The one copy of the measured figures the auto rule rests on (docs/kernels.md#code2wav-bf16 has the tables):
-# 0.6B random checkpoint's decoder, fp32 and bf16 models interleaved in one process, medians.
-MEASURED = ("Intel Xeon with AMX, 0.6B decoder, bf16 vs fp32: 1 thread 26.0 vs 47.8 ms/frame in 25-frame blocks "
-            "(x1.84), 59.3 vs 93.9 in 1-frame chunks (x1.58); 2 threads 15.9 vs 24.7 (x1.55), 31.5 vs 52.2 (x1.65)")
-MEASURED_NO_AMX = ("the same Xeon with oneDNN capped to avx512_core_bf16 (no AMX), 1 thread: bf16 91.0 vs fp32 "
-                   "49.9 ms/frame in 25-frame blocks (x0.55), 119.0 vs 100.1 in 1-frame chunks (x0.84)")
-EMULATED = "bf16 is emulated on this CPU (no avx512_bf16/AMX): expect it slower than fp32"
+from omnilab.profiles.timing import EMULATED, MEASURED, MEASURED_NO_AMX, code2wav_dtype_rule  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -71,30 +65,13 @@ def code2wav_dtype_choice(requested=None, env: str | None = None, flags: frozens
     ``dtype=``: a torch dtype or a name; None = not asked, then ``OMNILAB_DTYPE`` if set). ``env`` replaces the
     value of ``OMNILAB_CODE2WAV_DTYPE``; ``flags`` / ``arch`` replace this CPU's (tests fake hardware with them).
     Raises ``ConfigError`` naming the variable, its value and the accepted ones for an unknown mode."""
-    from omnilab.hardware_info import native_bf16
-
     text = os.environ.get(ENV, "") if env is None else env
     raw = text.strip().lower() or "auto"
     if raw not in MODES:
         raise ConfigError(f"{ENV}={text!r} is not a code2wav dtype; accepted: {', '.join(MODES)}")
-    source = "auto" if raw == "auto" else "env"
     if flags is None:
         from omnilab.hardware import cpu_flags
         flags = cpu_flags()
-    native, isa = native_bf16(flags, arch or platform.machine())
-    if raw == "float32":
-        return Code2WavDtype("float32", native, f"{ENV}=float32: fp32 everywhere (reference numerics)", source)
-    if raw == "bfloat16":
-        why = f"{ENV}=bfloat16: conv decoder GEMMs in bf16, fp32 elsewhere ({isa})"
-        return Code2WavDtype("bfloat16", native, why if native else f"{why}; {EMULATED}", source)
-    if not native:
-        return Code2WavDtype("float32", False, f"{isa}: fp32 (bf16 GEMMs would be emulated)", source)
-    if "amx_bf16" not in flags:
-        return Code2WavDtype("float32", True, f"{isa} but no AMX: fp32, bf16 GEMMs measured slower there "
-                                              f"({MEASURED_NO_AMX})", source)
     asked = os.environ.get("OMNILAB_DTYPE", "") if requested is None else requested
-    if str(asked).strip().lower().removeprefix("torch.") in ("float32", "fp32"):
-        return Code2WavDtype("float32", True, f"{isa}, but float32 was asked for the pipeline ({asked!r}): code2wav "
-                                              f"keeps fp32 numerics too ({ENV}=bfloat16 forces bf16)", source)
-    return Code2WavDtype("bfloat16", True, f"{isa}: conv decoder GEMMs in bf16 (AMX), fp32 elsewhere, measured "
-                                           f"faster ({MEASURED}); audio ~28 dB SNR from fp32", source)
+    dtype, native, why = code2wav_dtype_rule(raw, frozenset(flags), arch or platform.machine(), asked)
+    return Code2WavDtype(dtype, native, why, "auto" if raw == "auto" else "env")

@@ -14,9 +14,18 @@ blocks + vLLM's reserve block) size the talker's KV cache in ``memory.py`` and i
 ``omnilab.stages.vllm.config``; ``chunk_schedule`` / ``chunk_frames`` are the streaming chunk rule of
 ``DeployProfile.chunk_sizes`` and ``omnilab.models.code2wav_stream.ChunkSchedule``.
 
-Calibration (2-core KVM guest, fp32, 2 threads, docs/model.md#measured-reference-speed): talker + predictor 640 ms/frame, i.e.
-~5.5 GB/s per thread after Amdahl; code2wav 49-59 ms/frame on 25-frame chunks. Everything else in
-``_CORE_PERF`` is an assumption from peak SIMD width; pass ``StageTimes`` to use measured numbers.
+Calibration (docs/profiles.md#cost-model): a frame is its decode weight bytes at an effective bandwidth plus a
+fixed :data:`FRAME_FIXED_MS` (sampling, the heads, Python: it does not shrink with the bytes). The bytes: bf16
+storage (2 bytes a weight) for fp32 and bf16 compute (the released files are bf16 and omnilab's kernels read them
+as stored), int8 1, int4 0.5 + 4 / group. The bandwidth: from this machine's path timing when the planner has one
+(the GEMV kernel over bf16 decode matrices from DRAM, times :data:`FRAME_BANDWIDTH_FACTOR`: within a frame the
+predictor's 15 passes reuse its weights from cache), else ``_CORE_PERF``'s per-thread figure. Both constants were
+fitted on a 2-core Xeon (Emerald Rapids) from two measured frames of one grid run (0.6B, 2 threads: unquantized
+132 ms, int4 45.3 ms; path timing 20.5 GB/s at 1 row); the x86 per-thread figures match a 2-core Zen 4 run
+within 10 %; the Arm and no-SIMD ones are the x86 one scaled by peak SIMD width (assumptions). code2wav: GFLOP per
+chunk at a per-thread rate (x86: fitted on the same run, fp32 33.7 and bf16 AMX 17.1 ms per frame at 2 threads,
+25-frame chunks; AVX2: a 2-core AVX2 EPYC guest's 49-59 ms per frame at 2 threads). Pass ``StageTimes`` to use
+measured numbers instead.
 """
 from __future__ import annotations
 
@@ -183,12 +192,23 @@ class StageTimes:
                 raise ConfigError(f"StageTimes.{name} must be > 0, got {getattr(self, name)!r}")
 
 
-# (per-thread GB/s through M=1 GEMV, per-thread GFLOP/s in the conv decoder, label)
+# (per-thread effective GB/s of a decode frame after Amdahl, per-thread GFLOP/s in the conv decoder, label); x86:
+# fitted (see the module docstring), the others scaled from it (assumptions)
 _CORE_PERF = {
-    "arm_sve": (7.0, 40.0, "aarch64 SVE"), "arm": (6.0, 20.0, "aarch64 NEON"),
-    "amx": (5.5, 200.0, "x86 AMX"), "avx512_bf16": (5.5, 120.0, "x86 AVX512_BF16"),
-    "avx512": (5.5, 90.0, "x86 AVX-512"), "avx2": (5.5, 45.0, "x86 AVX2"), "none": (4.0, 10.0, "no SIMD flags"),
+    "arm_sve": (19.0, 60.0, "aarch64 SVE"), "arm": (16.0, 30.0, "aarch64 NEON"),
+    "amx": (15.0, 230.0, "x86 AMX"), "avx512_bf16": (15.0, 120.0, "x86 AVX512_BF16"),
+    "avx512": (15.0, 115.0, "x86 AVX-512"), "avx2": (15.0, 75.0, "x86 AVX2"), "none": (11.0, 15.0, "no SIMD flags"),
 }
+FRAME_FIXED_MS = 14.0          # per frame, not scaling with bytes (fitted: see the module docstring)
+FRAME_BANDWIDTH_FACTOR = 1.37  # a frame's effective bandwidth / the path timing's DRAM GEMV bandwidth (fitted)
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A measured decode bandwidth: ``gbps`` through the GEMV kernel at ``threads`` threads (1 row)."""
+    gbps: float
+    threads: int
+    label: str
 
 
 def amdahl(threads: int, serial: float, max_threads: int) -> float:
@@ -201,15 +221,19 @@ def amdahl(threads: int, serial: float, max_threads: int) -> float:
 class CostModel:
     """1-thread costs; ``talker_ms(n)`` and ``chunk_ms(frames, n)`` scale them."""
     geometry: ModelGeometry
-    talker_ms_1: float            # talker + predictor per frame, 1 thread
+    talker_ms_1: float            # talker + predictor per frame, 1 thread (the part that scales with threads)
     ms_per_gflop_1: float         # code2wav, 1 thread
     source: str                   # how the numbers were obtained, for reasons
+    fixed_ms: float = 0.0         # per frame, whatever the threads (estimates: FRAME_FIXED_MS; measured: 0)
 
     @classmethod
     def build(cls, geometry: ModelGeometry, hardware: "HardwareInfo", dtype: str,
-              measured: StageTimes | None = None, quantization: str = "none") -> "CostModel":
+              measured: StageTimes | None = None, quantization: str = "none", bandwidth: Bandwidth | None = None,
+              code2wav_dtype: str | None = None) -> "CostModel":
         """``quantization`` (a profile spelling): the decode matrices' bytes per weight in the estimate (int8:
-        1, int4-gN: 0.5 + 4/N for the fp32 scales); measured times are taken as they are."""
+        1, int4-gN: 0.5 + 4/N for the fp32 scales); ``bandwidth``: a measured one (the planner's path timing)
+        instead of ``_CORE_PERF``'s; ``code2wav_dtype``: what code2wav computes in (default: ``dtype``); measured
+        times are taken as they are."""
         if measured is not None:
             t1 = measured.talker_ms_per_frame / amdahl(measured.talker_threads, TALKER_SERIAL, TALKER_MAX_THREADS)
             c = measured.code2wav_chunk_frames
@@ -219,22 +243,30 @@ class CostModel:
                        f"measured (talker {measured.talker_ms_per_frame:g} ms/frame at {measured.talker_threads} "
                        f"thr, code2wav {measured.code2wav_ms_per_frame:g} ms/frame at "
                        f"{measured.code2wav_threads} thr)")
-        key = _perf_key(hardware, dtype)
-        bw, gflops, label = _CORE_PERF[key]
+        bw, _, label = _CORE_PERF[_perf_key(hardware, dtype)]
+        c2w = code2wav_dtype or dtype
+        _, gflops, _ = _CORE_PERF[_perf_key(hardware, c2w)]
         native = hardware.native_bf16()[0]
-        nbytes = 2 if dtype == "bfloat16" else 4
-        if dtype == "bfloat16" and not native:
+        if c2w == "bfloat16" and not native:
             gflops /= 3  # emulated bf16 (docs/model.md#bf16-emulation-cost)
+        nbytes = 2.0  # bf16 storage: fp32 compute reads the released bf16 matrices as stored, bf16 compute too
         if quantization != "none":
             nbytes = 1.0 if quantization == "int8" else 0.5 + 4 / int(quantization.rpartition("-g")[2])
         gb = geometry.streamed_params_per_frame() * nbytes / 1e9
         qlabel = f" {quantization} weights" if quantization != "none" else ""
+        if bandwidth is not None:
+            bw = bandwidth.gbps * FRAME_BANDWIDTH_FACTOR * amdahl(bandwidth.threads, TALKER_SERIAL, TALKER_MAX_THREADS)
+            bw_why = (f"{bw:.1f} GB/s per thread ({bandwidth.label}: {bandwidth.gbps:.1f} GB/s at "
+                      f"{bandwidth.threads} thread(s), x{FRAME_BANDWIDTH_FACTOR:g} in a frame)")
+        else:
+            bw_why = f"{bw:g} GB/s per thread ({label} prior)"
         return cls(geometry, gb / bw * 1e3, 1e3 / gflops,
-                   f"estimated for {label} {dtype}{qlabel}: {gb:.2f} GB/frame at {bw:g} GB/s per thread, "
-                   f"code2wav {geometry.decoder_gflop_per_frame:.2f} GFLOP/frame at {gflops:g} GFLOP/s per thread")
+                   f"estimated for {dtype}{qlabel}: {gb:.2f} GB/frame at {bw_why} + {FRAME_FIXED_MS:g} ms fixed, "
+                   f"code2wav ({c2w}) {geometry.decoder_gflop_per_frame:.2f} GFLOP/frame at {gflops:g} GFLOP/s per "
+                   f"thread", FRAME_FIXED_MS)
 
     def talker_ms(self, threads: int) -> float:
-        return self.talker_ms_1 * amdahl(threads, TALKER_SERIAL, TALKER_MAX_THREADS)
+        return self.talker_ms_1 * amdahl(threads, TALKER_SERIAL, TALKER_MAX_THREADS) + self.fixed_ms
 
     def chunk_ms(self, frames: int, threads: int) -> float:
         return (self.geometry.chunk_gflop(frames) * self.ms_per_gflop_1

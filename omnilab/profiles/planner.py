@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, probe_hardware
-from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, SHARED_PENALTY, CostModel, ModelGeometry, StageTimes,
+from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, FRAME_MS, SHARED_PENALTY, CostModel, ModelGeometry, StageTimes,
                                    doubling_ramp, estimate)
 from omnilab.profiles.memory import kv_budget
 from omnilab.profiles.overrides import NOBIND, Overrides, vllm_reserved_cores
@@ -29,6 +29,7 @@ from omnilab.profiles.quantization import quantization_field
 from omnilab.profiles.profile import DeployProfile, Resolved
 
 RESERVE_FROM_CORES = 8                     # reserve a front-end core only when the compute budget is >= this
+EASY_SHARE = 0.5  # a shared layout this far under real time is kept (one process) even where a split is faster
 NEAR_BEST = 1.03
 FIRST_CHOICES, STEADY_CHOICES = (1, 2, 3, 4, 6, 8, 12), (8, 12, 16, 25, 32, 50)
 
@@ -103,7 +104,8 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     args.setdefault("max_model_len", max_model_len)
     ov = Overrides(os.environ if env is None else env, args, defaults, defaults_source)
     dtype, quant = _dtype(hw, ov, path_times), quantization_field(geo, ov)
-    cost = CostModel.build(geo, hw, dtype.value, stage_times, quant.value)
+    cost = CostModel.build(geo, hw, dtype.value, stage_times, quant.value, _bandwidth(path_times),
+                           _code2wav_dtype(hw, ov, dtype, env))
     reserved, pools, budget = _reserve(hw, ov)
     placed = _place(hw, cost, ov, reserved.value, pools, budget)
     tp = placed["talker_tp_size"].value
@@ -139,6 +141,25 @@ def _dtype(hw: HardwareInfo, ov: Overrides, times: Any = None) -> Resolved[str]:
         return Resolved(o[0], _set(o[1], note), o[1])
     value, reason = dtype_from_times(native, why, times)
     return Resolved(value, reason, "auto")
+
+
+def _bandwidth(times: Any):
+    """The path timing's 1-row GEMV bandwidth over bf16 decode matrices (what fp32 compute reads), or None."""
+    from omnilab.profiles.cost import Bandwidth
+    rows = getattr(times, "decode", {}).get("fp32-kernel") if times is not None else None
+    if not rows or 1 not in rows:
+        return None
+    return Bandwidth(times.gbps("fp32-kernel"), times.threads, "path timing, GEMV kernel from DRAM")
+
+
+def _code2wav_dtype(hw: HardwareInfo, ov: Overrides, dtype: Resolved[str], env: Mapping[str, str] | None) -> str:
+    """What code2wav will compute in (the rule ``kernels.code2wav_dtype`` applies), for the estimate."""
+    from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
+    raw = ((os.environ if env is None else env).get(CODE2WAV_ENV, "") or "auto").strip().lower()
+    if raw not in ("auto", "float32", "bfloat16"):
+        raw = "auto"  # code2wav's own choice names the bad value when the pipeline starts
+    asked = dtype.value if dtype.source != "auto" else ""
+    return code2wav_dtype_rule(raw, frozenset(hw.flags), hw.arch, asked)[0]
 
 
 # ---------------------------------------------------------------- reserved CPUs and core pools
@@ -185,7 +206,10 @@ def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = 
     tp, nt, nc = len(ranks), threads or len(ranks[0]), len(c2w)
     allreduce = 0.0 if tp == 1 else 0.05 * 2 * (cost.geometry.talker_layers + 15 * cost.geometry.predictor_layers)
     t = cost.talker_ms(nt) / tp + allreduce
-    c = cost.code2wav_ms_per_frame(nc)
+    # shared: a shared plan runs in one process by default (deploy=None), where the stages take turns (lock-step)
+    # and code2wav uses the talker's nt threads (deployment.fit_in_process); its worker-process layout (nc threads
+    # on the talker's last CPUs) is stated in the reason
+    c = cost.code2wav_ms_per_frame(nc if mode == "split" else nt)
     frame = max(t, c) if mode == "split" else (t + c) * SHARED_PENALTY
     return _Cand(mode, tuple(map(tuple, ranks)), tuple(c2w), t, c, frame, t + cost.chunk_ms(1, nc), where,
                  c2w_where or where, nt)
@@ -266,9 +290,18 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
     ttfa0 = min(c.ttfa_ms for c in near)
     # among layouts within 3 % of the fastest: split first (no time-slicing), then earlier audio, then fewer CPUs
     pick = min(near, key=lambda c: (c.mode != "split", round(c.ttfa_ms / max(ttfa0 * 0.05, 1e-9)), c.num_cpus))
+    shared = [c for c in cands if c.mode == "shared"]
+    easy = min(shared, key=lambda c: c.frame_ms) if shared and not fixed["mode"] else None
+    note = ""
+    if easy is not None and pick.mode == "split" and easy.frame_ms <= EASY_SHARE * FRAME_MS:
+        note = (f"; both layouts run far under real time (shared est. {easy.frame_ms:.0f} ms per {FRAME_MS:.0f} ms "
+                f"frame, under {EASY_SHARE:.0%}), so one process: no second process to start or feed")
+        pick = easy
     others = [c for c in cands if c.mode != pick.mode]
     alt = min(others, key=lambda c: c.frame_ms) if others else None
     out = _explain(pick, alt, got, cost, pools, hw)
+    if note:
+        out["mode"] = dataclasses.replace(out["mode"], reason=out["mode"].reason + note)
     if bind:
         r = out["talker_cpus"]
         out["talker_cpus"] = Resolved(r.value, f"auto ({bind[1]}): placed by the planner with vLLM's auto-binding "
@@ -325,8 +358,11 @@ def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: Ha
     vs = f"; best {alt.mode} layout: {alt.describe()}" if alt else ""
     smt = ", SMT siblings left idle" if hw.threads_per_core > 1 else ""
     if pick.mode == "shared":
-        why = (f"est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks: the talker gets every core and code2wav runs 1 thread on talker "
-               f"CPU {pick.code2wav[-1]} (one thread has no OpenMP barrier, so time-slicing cannot gang-stall it)")
+        workers = (pick.talker_ms + cost.code2wav_ms_per_frame(nc)) * SHARED_PENALTY
+        why = (f"est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks in one process (the default placement of a "
+               f"shared plan), where the stages take turns on the talker's {nt} thread(s); as worker processes the "
+               f"talker keeps every core and code2wav runs {nc} thread on talker CPU {pick.code2wav[-1]} (one thread "
+               f"has no OpenMP barrier, so time-slicing cannot gang-stall it): est. {workers:.0f} ms/frame")
     else:
         why = (f"est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks = max(talker {pick.talker_ms:.0f}, code2wav "
                f"{pick.code2wav_ms:.0f}): the stages run concurrently on disjoint cores")
@@ -352,6 +388,8 @@ def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: Ha
 # ---------------------------------------------------------------- chunking
 def _chunking(cost: CostModel, geo: ModelGeometry, ov: Overrides, placed: dict[str, Resolved]):
     mode, nt, nc = placed["mode"].value, placed["talker_threads"].value, placed["code2wav_threads"].value
+    if mode == "shared":
+        nc = nt  # in one process (a shared plan's default placement) code2wav takes turns on the talker's threads
     fo, ro, so = (ov.get(k) for k in ("first_chunk_frames", "chunk_ramp_frames", "steady_chunk_frames"))
     trials = []
     for s in ([so[0]] if so else STEADY_CHOICES):

@@ -106,3 +106,39 @@ def prefill_from_times(native: bool, times: PathTimes | None) -> tuple[str, str]
         return "bf16", (f"bf16 GEMM (activations rounded to bf16, fp32 results): {b:.1f} vs {f:.1f} ms for "
                         f"{times.prefill_rows} rows")
     return "fp32", f"widening to fp32 is as fast ({f:.1f} vs bf16 {b:.1f} ms for {times.prefill_rows} rows)"
+
+
+# The one copy of the measured figures the auto rule rests on (docs/kernels.md#code2wav-bf16 has the tables):
+# 0.6B random checkpoint's decoder, fp32 and bf16 models interleaved in one process, medians.
+MEASURED = ("Intel Xeon with AMX, 0.6B decoder, bf16 vs fp32: 1 thread 26.0 vs 47.8 ms/frame in 25-frame blocks "
+            "(x1.84), 59.3 vs 93.9 in 1-frame chunks (x1.58); 2 threads 15.9 vs 24.7 (x1.55), 31.5 vs 52.2 (x1.65)")
+MEASURED_NO_AMX = ("the same Xeon with oneDNN capped to avx512_core_bf16 (no AMX), 1 thread: bf16 91.0 vs fp32 "
+                   "49.9 ms/frame in 25-frame blocks (x0.55), 119.0 vs 100.1 in 1-frame chunks (x0.84)")
+EMULATED = "bf16 is emulated on this CPU (no avx512_bf16/AMX): expect it slower than fp32"
+
+
+CODE2WAV_ENV = "OMNILAB_CODE2WAV_DTYPE"
+
+
+def code2wav_dtype_rule(raw: str, flags: frozenset[str], arch: str, asked: Any = "") -> tuple[str, bool, str]:
+    """``(dtype, native bf16, reason)`` for code2wav's conv decoder: ``raw`` is ``OMNILAB_CODE2WAV_DTYPE``'s mode
+    (auto / float32 / bfloat16, already checked), ``asked`` the pipeline's requested dtype (a name or torch dtype;
+    "" = not asked). auto: bf16 only with AMX (measured faster) unless float32 was asked. The one copy of the rule:
+    ``kernels.code2wav_dtype`` (what runs) and the planner's cost model (what it estimates) both call it."""
+    from omnilab.hardware_info import native_bf16
+
+    native, isa = native_bf16(flags, arch)
+    if raw == "float32":
+        return "float32", native, f"{CODE2WAV_ENV}=float32: fp32 everywhere (reference numerics)"
+    if raw == "bfloat16":
+        why = f"{CODE2WAV_ENV}=bfloat16: conv decoder GEMMs in bf16, fp32 elsewhere ({isa})"
+        return "bfloat16", native, why if native else f"{why}; {EMULATED}"
+    if not native:
+        return "float32", False, f"{isa}: fp32 (bf16 GEMMs would be emulated)"
+    if "amx_bf16" not in flags:
+        return "float32", True, f"{isa} but no AMX: fp32, bf16 GEMMs measured slower there ({MEASURED_NO_AMX})"
+    if str(asked).strip().lower().removeprefix("torch.") in ("float32", "fp32"):
+        return "float32", True, (f"{isa}, but float32 was asked for the pipeline ({asked!r}): code2wav keeps fp32 "
+                                 f"numerics too ({CODE2WAV_ENV}=bfloat16 forces bf16)")
+    return "bfloat16", True, (f"{isa}: conv decoder GEMMs in bf16 (AMX), fp32 elsewhere, measured faster "
+                              f"({MEASURED}); audio ~28 dB SNR from fp32")

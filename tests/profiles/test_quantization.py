@@ -51,9 +51,12 @@ def test_the_variable_wins_over_the_argument():
 
 
 def test_the_estimate_reads_fewer_bytes_when_quantized():
-    base = plan(probe_hardware(HW), env={})
-    int4 = plan(probe_hardware(HW), overrides={"quantization": "int4"}, env={})
-    assert int4.estimate.talker_ms_per_frame < 0.35 * base.estimate.talker_ms_per_frame
+    """At the same threads the int4 step's byte-bound part is (0.5 + 4/128) / 2 of bf16 storage's; the per-frame fixed
+    part (sampling, heads, Python) stays, so the whole step is under 0.4x."""
+    fix = {"talker_threads": 2, "mode": "shared"}
+    base = plan(probe_hardware(HW), env={}, overrides=fix)
+    int4 = plan(probe_hardware(HW), overrides={"quantization": "int4", **fix}, env={})
+    assert int4.estimate.talker_ms_per_frame < 0.4 * base.estimate.talker_ms_per_frame
 
 
 def test_yaml_round_trip_and_the_worker_environment():

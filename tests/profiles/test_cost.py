@@ -1,0 +1,62 @@
+"""The planner's cost model (profiles/cost.py): bytes per frame as the decode path reads them, an effective bandwidth
+from the path timing or the prior, a fixed per-frame part, code2wav's dtype as the code2wav rule picks it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnilab.hardware import probe_hardware
+from omnilab.profiles import ModelGeometry, plan
+from omnilab.profiles.cost import FRAME_FIXED_MS, Bandwidth, CostModel
+from omnilab.profiles.timing import PathTimes
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hardware"
+
+
+def hw(name: str):
+    return probe_hardware(FIX / f"{name}.json")
+
+
+# The figures the constants were fitted on (2-core Xeon, one grid run, 0.6B, 2 threads; docs/profiles.md#cost-model):
+# path timing 20.5 GB/s at 1 row, eager frames 132 ms unquantized (bf16 storage, fp32 compute) and 45.3 ms at int4.
+MEASURED_GBPS, MEASURED_NONE_MS, MEASURED_INT4_MS = 20.5, 132.0, 45.3
+
+
+@pytest.mark.parametrize("quantization,want", [("none", MEASURED_NONE_MS), ("int4-g128", MEASURED_INT4_MS)])
+def test_the_timing_calibrated_estimate_reproduces_its_calibration(quantization, want):
+    """From the measured bandwidth the model gives the two measured frames back within 10 % (a model with the
+    wrong bytes per weight, e.g. 4 for fp32 compute, or without the fixed part, misses one of them by 25 % or more)."""
+    cost = CostModel.build(ModelGeometry.released(), hw("spr_amx_snc2"), "float32", quantization=quantization,
+                           bandwidth=Bandwidth(MEASURED_GBPS, 2, "test timing"))
+    assert cost.talker_ms(2) == pytest.approx(want, rel=0.10)
+    assert cost.fixed_ms == FRAME_FIXED_MS and "test timing: 20.5 GB/s at 2 thread(s)" in cost.source
+
+
+def test_bytes_follow_the_stored_weights_not_the_compute_dtype():
+    g, h = ModelGeometry.released(), hw("vm2_avx2")
+    fp32, bf16 = (CostModel.build(g, h, d) for d in ("float32", "bfloat16"))
+    int8, int4 = (CostModel.build(g, h, "float32", quantization=q) for q in ("int8", "int4-g128"))
+    assert fp32.talker_ms_1 == pytest.approx(bf16.talker_ms_1)  # both read the bf16-stored matrices
+    assert int8.talker_ms_1 == pytest.approx(fp32.talker_ms_1 / 2)
+    assert int4.talker_ms_1 == pytest.approx(fp32.talker_ms_1 * (0.5 + 4 / 128) / 2)
+    assert "3.32 GB/frame" in fp32.source and "prior" in fp32.source
+
+
+def test_the_planner_uses_the_path_timing_bandwidth():
+    times = PathTimes({"fp32-kernel": {1: 10.0, 4: 12.0}}, {"fp32": 5.0}, 200_000_000, 64, 2)
+    p = plan(hw("vm2_avx2"), env={}, path_times=times)
+    assert "path timing, GEMV kernel from DRAM: 20.0 GB/s at 2 thread(s)" in p.talker_threads.reason
+    q = plan(hw("vm2_avx2"), env={})
+    assert "x86 AVX2 prior" in q.talker_threads.reason
+
+
+def test_code2wav_estimate_uses_code2wavs_own_dtype_rule():
+    """On AMX code2wav runs bf16 under auto even when the talker plans fp32 compute; the estimate says so, and follows
+    ``OMNILAB_CODE2WAV_DTYPE`` and an explicit float32 request as the code2wav choice does."""
+    h = hw("spr_amx_snc2")
+    auto = plan(h, env={})
+    assert "code2wav (bfloat16)" in auto.talker_threads.reason
+    assert "code2wav (float32)" in plan(h, env={"OMNILAB_CODE2WAV_DTYPE": "float32"}).talker_threads.reason
+    assert "code2wav (float32)" in plan(h, env={}, overrides={"dtype": "float32"}).talker_threads.reason
+    assert "code2wav (float32)" in plan(hw("vm2_avx2"), env={}).talker_threads.reason  # no native bf16
