@@ -89,7 +89,7 @@ def _operands(bits: int, mib: int):
 def measure(fn, set_prefetch, threads: int, mib: int = TIMING_MIB) -> tuple[dict[str, dict[int, float]], float]:
     """ms per sweep for every slot and candidate (rounds interleaved, best of each), and the run-queue wait share.
     ``fn``: the loaded ``omnilab_qgemv``; ``set_prefetch``: ``omnilab_qgemv_set_prefetch``."""
-    from omnilab.kernels.timing import _schedstat
+    from omnilab.kernels.timing_key import _schedstat
 
     start = _schedstat()
     out: dict[str, dict[int, float]] = {}
@@ -136,7 +136,7 @@ def choose(times: dict[str, dict[int, float]]) -> tuple[tuple[int, int, int], st
 
 def resolve(lib, threads: int | None = None) -> Prefetch:
     """The distances for this process (env, cache, timing or prior), set in ``lib`` (a loaded qgemv library)."""
-    from omnilab.kernels.timing import _key, timing_mode
+    from omnilab.kernels.timing_key import _key, timing_mode
     from omnilab.profiles.timing import NOISY_WAIT
 
     fixed = parse(os.environ.get(ENV, ""))

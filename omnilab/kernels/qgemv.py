@@ -117,13 +117,13 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                                          "(fp32 activations) or its int8-activation reference", env, flags)
     if lib is None:
         return QgemvChoice("torch", None, None, reason + note, source), None
-    from omnilab.kernels import prefetch
+    from omnilab.kernels.prefetch import SLOTS, resolve as resolve_prefetch
 
-    pf = prefetch.resolve(lib)
+    pf = resolve_prefetch(lib)
     reason = (f"{reason}{note}; 1-{MAX_ROWS} rows stream the int8/int4 codes once ("
               f"{'vpdpbusd' if lib.isa == 'avx512' else 'vpmaddubsw'} for int8 activations), prefill: the kernel "
               f"over 16-row blocks up to {CHUNKED_MAX_ROWS} rows, torch GEMM over dequantized blocks beyond; "
-              f"software prefetch {'/'.join(map(str, pf.distances))} bytes ({', '.join(prefetch.SLOTS)}): {pf.reason}")
+              f"software prefetch {'/'.join(map(str, pf.distances))} bytes ({', '.join(SLOTS)}): {pf.reason}")
     return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source, prefetch=pf.distances), lib
 
 

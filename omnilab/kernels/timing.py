@@ -19,7 +19,6 @@ same cache file and variables.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -30,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from omnilab.errors import ConfigError
-from omnilab.profiles.timing import (NOISY_WAIT, TIMING_ENV, TIMING_MODES, PathTimes, bf16_decode_from_times,
+from omnilab.kernels.timing_key import _key, _schedstat, timing_mode  # noqa: F401  (shared with kernels/prefetch.py)
+from omnilab.profiles.timing import (NOISY_WAIT, PathTimes, bf16_decode_from_times,
                                      prefill_from_times)
 
 LAYER_SHAPES = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
@@ -38,39 +38,6 @@ TIMING_MIB = 256      # above a desktop/VM slice of L3: the pass reads DRAM (0.6
 PREFILL_ROWS = 64
 REPS = 2
 BF16_DECODE_ENV, PREFILL_ENV = "OMNILAB_BF16_DECODE", "OMNILAB_PREFILL_GEMM"
-
-
-def timing_mode(env: str | None = None) -> str:
-    raw = (os.environ.get(TIMING_ENV, "") if env is None else env).strip().lower() or "auto"
-    if raw not in TIMING_MODES:
-        raise ConfigError(f"{TIMING_ENV}={raw!r}; accepted: {', '.join(TIMING_MODES)}")
-    return raw
-
-
-def _key(threads: int, library: str | None = None) -> tuple[str, dict]:
-    from omnilab.hardware import cpu_flags
-
-    model = ""
-    try:
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith(("model name", "Model"))), "")
-    except OSError:
-        pass
-    parts = {"cpu": model, "flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12],
-             "torch": torch.__version__, "gemv": Path(library or "torch").name, "threads": threads}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16], parts
-
-
-def _schedstat() -> tuple[int, int]:
-    """(ns on CPU, ns waiting on a run queue) summed over this process's threads (0, 0 where unreadable)."""
-    run = wait = 0
-    for task in Path("/proc/self/task").glob("*/schedstat"):
-        try:
-            a, b, *_ = task.read_text().split()
-        except (OSError, ValueError):
-            continue
-        run, wait = run + int(a), wait + int(b)
-    return run, wait
 
 
 def _best_ms(fn, reps: int = REPS) -> float:

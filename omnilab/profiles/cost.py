@@ -211,6 +211,26 @@ class Bandwidth:
     label: str
 
 
+def bandwidth_from_times(times) -> Bandwidth | None:
+    """A path timing's (``profiles.timing.PathTimes``) 1-row GEMV bandwidth over bf16 decode matrices, or None."""
+    rows = times.decode.get("fp32-kernel") if times is not None else None
+    if not rows or 1 not in rows:
+        return None
+    return Bandwidth(times.gbps("fp32-kernel"), times.threads, "path timing, GEMV kernel from DRAM")
+
+
+def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None) -> str:
+    """What code2wav will compute in under the profile's dtype (``asked``: the dtype field when set, else ""), by
+    the rule ``kernels.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ)."""
+    import os
+
+    from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
+    raw = ((os.environ if env is None else env).get(CODE2WAV_ENV, "") or "auto").strip().lower()
+    if raw not in ("auto", "float32", "bfloat16"):
+        raw = "auto"  # code2wav's own choice names the bad value when the pipeline starts
+    return code2wav_dtype_rule(raw, frozenset(hw.flags), hw.arch, asked)[0]
+
+
 def amdahl(threads: int, serial: float, max_threads: int) -> float:
     """Fraction of 1-thread time left at ``threads`` threads."""
     n = max(1, min(threads, max_threads))

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, probe_hardware
 from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, FRAME_MS, SHARED_PENALTY, CostModel, ModelGeometry, StageTimes,
-                                   doubling_ramp, estimate)
+                                   bandwidth_from_times, code2wav_dtype_for, doubling_ramp, estimate)
 from omnilab.profiles.memory import kv_budget
 from omnilab.profiles.overrides import NOBIND, Overrides, vllm_reserved_cores
 from omnilab.profiles.quantization import quantization_field
@@ -104,8 +104,8 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     args.setdefault("max_model_len", max_model_len)
     ov = Overrides(os.environ if env is None else env, args, defaults, defaults_source)
     dtype, quant = _dtype(hw, ov, path_times), quantization_field(geo, ov)
-    cost = CostModel.build(geo, hw, dtype.value, stage_times, quant.value, _bandwidth(path_times),
-                           _code2wav_dtype(hw, ov, dtype, env))
+    cost = CostModel.build(geo, hw, dtype.value, stage_times, quant.value, bandwidth_from_times(path_times),
+                           code2wav_dtype_for(hw, dtype.value if dtype.source != "auto" else "", env))
     reserved, pools, budget = _reserve(hw, ov)
     placed = _place(hw, cost, ov, reserved.value, pools, budget)
     tp = placed["talker_tp_size"].value
@@ -141,25 +141,6 @@ def _dtype(hw: HardwareInfo, ov: Overrides, times: Any = None) -> Resolved[str]:
         return Resolved(o[0], _set(o[1], note), o[1])
     value, reason = dtype_from_times(native, why, times)
     return Resolved(value, reason, "auto")
-
-
-def _bandwidth(times: Any):
-    """The path timing's 1-row GEMV bandwidth over bf16 decode matrices (what fp32 compute reads), or None."""
-    from omnilab.profiles.cost import Bandwidth
-    rows = getattr(times, "decode", {}).get("fp32-kernel") if times is not None else None
-    if not rows or 1 not in rows:
-        return None
-    return Bandwidth(times.gbps("fp32-kernel"), times.threads, "path timing, GEMV kernel from DRAM")
-
-
-def _code2wav_dtype(hw: HardwareInfo, ov: Overrides, dtype: Resolved[str], env: Mapping[str, str] | None) -> str:
-    """What code2wav will compute in (the rule ``kernels.code2wav_dtype`` applies), for the estimate."""
-    from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
-    raw = ((os.environ if env is None else env).get(CODE2WAV_ENV, "") or "auto").strip().lower()
-    if raw not in ("auto", "float32", "bfloat16"):
-        raw = "auto"  # code2wav's own choice names the bad value when the pipeline starts
-    asked = dtype.value if dtype.source != "auto" else ""
-    return code2wav_dtype_rule(raw, frozenset(hw.flags), hw.arch, asked)[0]
 
 
 # ---------------------------------------------------------------- reserved CPUs and core pools

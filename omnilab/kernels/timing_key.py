@@ -1,0 +1,47 @@
+"""What a cached timing on this machine is keyed on, how noisy it was, and the ``OMNILAB_PLAN_TIMING`` mode: shared
+by the path timing (:mod:`omnilab.kernels.timing`) and the quantized GEMV's prefetch timing
+(:mod:`omnilab.kernels.prefetch`), which must not import each other (the GEMV modules import the prefetch)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from omnilab.errors import ConfigError
+from omnilab.profiles.timing import TIMING_ENV, TIMING_MODES
+
+
+def timing_mode(env: str | None = None) -> str:
+    raw = (os.environ.get(TIMING_ENV, "") if env is None else env).strip().lower() or "auto"
+    if raw not in TIMING_MODES:
+        raise ConfigError(f"{TIMING_ENV}={raw!r}; accepted: {', '.join(TIMING_MODES)}")
+    return raw
+
+
+def _key(threads: int, library: str | None = None) -> tuple[str, dict]:
+    from omnilab.hardware import cpu_flags
+
+    model = ""
+    try:
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith(("model name", "Model"))), "")
+    except OSError:
+        pass
+    parts = {"cpu": model, "flags": hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12],
+             "torch": torch.__version__, "gemv": Path(library or "torch").name, "threads": threads}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16], parts
+
+
+def _schedstat() -> tuple[int, int]:
+    """(ns on CPU, ns waiting on a run queue) summed over this process's threads (0, 0 where unreadable)."""
+    run = wait = 0
+    for task in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            a, b, *_ = task.read_text().split()
+        except (OSError, ValueError):
+            continue
+        run, wait = run + int(a), wait + int(b)
+    return run, wait
