@@ -25,26 +25,12 @@
 #include "simd.h"  // vexp: glibc's vector expf
 
 static inline float ld(const float* p, int64_t i) { return p[i]; }
-static inline float ld(const uint16_t* p, int64_t i) {
-  union { uint32_t u; float f; } c;
-  c.u = (uint32_t)p[i] << 16;
-  return c.f;
-}
-static inline uint16_t to_bf16(float f) {  // round to nearest even, as torch (NaN kept quiet)
-  union { uint32_t u; float f; } c;
-  c.f = f;
-  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40);
-  return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
-}
+static inline float ld(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
 // The value a torch op of this dtype stores: fp32 as is, bf16 rounded.
 static inline float rnd(float v, float*) { return v; }
-static inline float rnd(float v, uint16_t*) {
-  union { uint32_t u; float f; } c;
-  c.u = (uint32_t)to_bf16(v) << 16;
-  return c.f;
-}
+static inline float rnd(float v, uint16_t*) { return bf16_to_f32(f32_to_bf16(v)); }
 static inline void st(float* p, int64_t i, float v) { p[i] = v; }
-static inline void st(uint16_t* p, int64_t i, float v) { p[i] = to_bf16(v); }
+static inline void st(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
 
 static inline float dot(const float* a, const float* b, int64_t D) {
   vec_t acc = vzero();
@@ -87,6 +73,29 @@ static void norm_rope(const T* x, const T* w, const T* cos, const T* sins, int64
     const float b = rnd(y[k - half] * ld(sins, k), (T*)nullptr);
     out[k] = rnd(a + b, (T*)nullptr);
   }
+}
+
+// scores[0..L) (max m) -> exp(s - m) in lanes (the tail padded with -inf -> 0), their sum in ascending order, and
+// acc = sum_j p_j v_j over positions ascending with D in lanes (each lane's chain fixed: no dependence on threads or
+// batch; D % VEC lanes in a scalar tail); value(j) gives row j's values as fp32. Returns 1 / sum (scores needs
+// room for L rounded up to VEC).
+template <class Value>
+static inline float softmax_values(float* scores, int64_t L, float m, int64_t D, float* acc, Value value) {
+  const int64_t Lp = (L + VEC - 1) / VEC * VEC;
+  for (int64_t j = L; j < Lp; ++j) scores[j] = -INFINITY;
+  const vec_t mv = vset(m);
+  for (int64_t j = 0; j < Lp; j += VEC) vstore(scores + j, vexp(vsub(vload(scores + j), mv)));
+  float denom = 0.0f;
+  for (int64_t j = 0; j < L; ++j) denom += scores[j];
+  const int64_t dv = D - D % VEC;
+  for (int64_t k = 0; k < D; ++k) acc[k] = 0.0f;
+  for (int64_t j = 0; j < L; ++j) {
+    const float* vj = value(j);
+    const vec_t p = vset(scores[j]);
+    for (int64_t k = 0; k < dv; k += VEC) vstore(acc + k, vfma(p, vload(vj + k), vload(acc + k)));
+    for (int64_t k = dv; k < D; ++k) acc[k] = fmaf(scores[j], vj[k], acc[k]);
+  }
+  return 1.0f / denom;
 }
 
 template <typename T>
@@ -132,24 +141,8 @@ static void run(const T* qkv, const T* nw, const T* cos, const T* sins, int64_t 
         scores[j] = s;
         m = s > m ? s : m;
       }
-      // exp(s - m) in lanes (tail padded with -inf -> 0), then the sum in ascending order
-      const int64_t Lp = (L + VEC - 1) / VEC * VEC;
-      for (int64_t j = L; j < Lp; ++j) scores[j] = -INFINITY;
-      const vec_t mv = vset(m);
-      for (int64_t j = 0; j < Lp; j += VEC) vstore(scores.data() + j, vexp(vsub(vload(scores.data() + j), mv)));
-      float denom = 0.0f;
-      for (int64_t j = 0; j < L; ++j) denom += scores[j];
-      // acc = sum_j p_j v_j over positions ascending, D in lanes (each lane's chain is fixed: no dependence on
-      // threads or batch); D % VEC lanes in a scalar tail
-      const int64_t dv = D - D % VEC;
-      for (int64_t k = 0; k < D; ++k) acc[k] = 0.0f;
-      for (int64_t j = 0; j < L; ++j) {
-        const float* vj = kb_f32(vb + j * D, kf.data(), D);
-        const vec_t p = vset(scores[j]);
-        for (int64_t k = 0; k < dv; k += VEC) vstore(acc.data() + k, vfma(p, vload(vj + k), vload(acc.data() + k)));
-        for (int64_t k = dv; k < D; ++k) acc[k] = fmaf(scores[j], vj[k], acc[k]);
-      }
-      const float inv = 1.0f / denom;
+      const float inv = softmax_values(scores.data(), L, m, D, acc.data(),
+                                       [&](int64_t j) { return kb_f32(vb + j * D, kf.data(), D); });
       T* o = out + b * Hq * D + h * D;
       for (int64_t k = 0; k < D; ++k) st(o, k, acc[k] * inv);
     }
@@ -213,21 +206,8 @@ static void run_paged(const float* qkv, const float* nw, const float* cos, const
       }
       float m = -INFINITY;
       for (int64_t j = 0; j < L; ++j) m = scores[j] > m ? scores[j] : m;
-      const int64_t Lp = (L + VEC - 1) / VEC * VEC;
-      for (int64_t j = L; j < Lp; ++j) scores[j] = -INFINITY;
-      const vec_t mv = vset(m);
-      for (int64_t j = 0; j < Lp; j += VEC) vstore(scores.data() + j, vexp(vsub(vload(scores.data() + j), mv)));
-      float denom = 0.0f;
-      for (int64_t j = 0; j < L; ++j) denom += scores[j];
-      const int64_t dv = D - D % VEC;
-      for (int64_t k = 0; k < D; ++k) acc[k] = 0.0f;
-      for (int64_t j = 0; j < L; ++j) {
-        const float* vj = head(b, g, j) + bs * Dp + (j % bs) * Dp;
-        const vec_t p = vset(scores[j]);
-        for (int64_t k = 0; k < dv; k += VEC) vstore(acc.data() + k, vfma(p, vload(vj + k), vload(acc.data() + k)));
-        for (int64_t k = dv; k < D; ++k) acc[k] = fmaf(scores[j], vj[k], acc[k]);
-      }
-      const float inv = 1.0f / denom;
+      const float inv = softmax_values(scores.data(), L, m, D, acc.data(),
+                                       [&](int64_t j) { return (const float*)head(b, g, j) + bs * Dp + (j % bs) * Dp; });
       float* o = out + b * Hq * D + h * D;
       for (int64_t k = 0; k < D; ++k) o[k] = acc[k] * inv;
     }

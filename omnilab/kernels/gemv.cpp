@@ -21,11 +21,7 @@
 #include "simd.h"
 
 static inline float to_float(float v) { return v; }
-static inline float to_float(uint16_t v) {
-  union { uint32_t u; float f; } c;
-  c.u = (uint32_t)v << 16;
-  return c.f;
-}
+static inline float to_float(uint16_t v) { return bf16_to_f32(v); }
 
 // R consecutive outputs n0..n0+R-1 for all M rows. WT: float, or uint16_t holding bf16 bit patterns
 // (expanded exactly to fp32 in registers; all arithmetic is fp32 either way).

@@ -18,21 +18,6 @@
 
 #include "simd.h"
 
-static inline float bf16_to_f32(uint16_t v) {
-  union { uint32_t u; float f; } c;
-  c.u = (uint32_t)v << 16;
-  return c.f;
-}
-
-// Round to nearest even, as torch's fp32 -> bf16 conversion (NaN kept quiet).
-static inline uint16_t f32_to_bf16(float f) {
-  union { uint32_t u; float f; } c;
-  c.f = f;
-  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40);
-  const uint32_t lsb = (c.u >> 16) & 1u;
-  return (uint16_t)((c.u + 0x7fffu + lsb) >> 16);
-}
-
 // Sum of squares of one fp32 row: lanes, fixed reduction, scalar tail (explicit fmaf: no contraction choice).
 static inline float sumsq(const float* x, int64_t D) {
   vec_t acc = vzero();

@@ -6,6 +6,20 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+// bf16 (uint16 bit patterns) <-> fp32, scalar: widening is exact (the 16 bits become the high half of the word);
+// rounding is to nearest even, as torch's fp32 -> bf16 conversion, with NaN kept quiet.
+static inline float bf16_to_f32(uint16_t v) {
+  union { uint32_t u; float f; } c;
+  c.u = (uint32_t)v << 16;
+  return c.f;
+}
+static inline uint16_t f32_to_bf16(float f) {
+  union { uint32_t u; float f; } c;
+  c.f = f;
+  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40);
+  return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
+}
+
 #if defined(__AVX512F__)
 #define VEC 16
 typedef __m512 vec_t;

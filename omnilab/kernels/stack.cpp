@@ -86,19 +86,6 @@ static inline void swiglu_rows(const float* gu, float* act, int64_t rows, int64_
   }
 }
 
-// bf16 values (uint16 bit patterns): widening is exact; rounding is to nearest even, as torch's .to(bfloat16)
-static inline float widen(uint16_t v) {
-  union { uint32_t u; float f; } c;
-  c.u = (uint32_t)v << 16;
-  return c.f;
-}
-static inline uint16_t round_bf16(float f) {
-  union { uint32_t u; float f; } c;
-  c.f = f;
-  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40);
-  return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
-}
-
 // bf16 SwiGLU as torch's bf16 ops round it: silu(g) in fp32 (the fp32 formula above) rounded to bf16, then the
 // product of two bf16 values in fp32, rounded: act = rnd(rnd(silu(g)) * u).
 static inline void swiglu_rows(const uint16_t* gu, uint16_t* act, int64_t rows, int64_t inter) {
@@ -107,7 +94,7 @@ static inline void swiglu_rows(const uint16_t* gu, uint16_t* act, int64_t rows, 
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* gr = gu + r * 2 * inter;
     const uint16_t* u = gr + inter;
-    for (int64_t i = 0; i < inter; ++i) g[i] = widen(gr[i]);
+    for (int64_t i = 0; i < inter; ++i) g[i] = bf16_to_f32(gr[i]);
     int64_t i = 0;
     for (; i + VEC <= inter; i += VEC) {
       const vec_t gv = vload(g.data() + i);
@@ -121,7 +108,7 @@ static inline void swiglu_rows(const uint16_t* gu, uint16_t* act, int64_t rows, 
       memcpy(y.data() + i, ty, (inter - i) * sizeof(float));
     }
     uint16_t* out = act + r * inter;
-    for (int64_t k = 0; k < inter; ++k) out[k] = round_bf16(widen(round_bf16(y[k])) * widen(u[k]));
+    for (int64_t k = 0; k < inter; ++k) out[k] = f32_to_bf16(bf16_to_f32(f32_to_bf16(y[k])) * bf16_to_f32(u[k]));
   }
 }
 
@@ -134,9 +121,9 @@ static inline int matmul(const Kernels& f, const Mat& m, const float* x, float* 
 static inline int matmul(const Kernels& f, const Mat& m, const uint16_t* x, uint16_t* y, int64_t B, int nt) {
   static thread_local std::vector<float> xf, yf;
   xf.resize(B * m.k), yf.resize(B * m.n);
-  for (int64_t i = 0; i < B * m.k; ++i) xf[i] = widen(x[i]);
+  for (int64_t i = 0; i < B * m.k; ++i) xf[i] = bf16_to_f32(x[i]);
   const int rc = matmul(f, m, xf.data(), yf.data(), B, nt);
-  for (int64_t i = 0; i < B * m.n; ++i) y[i] = round_bf16(yf[i]);
+  for (int64_t i = 0; i < B * m.n; ++i) y[i] = f32_to_bf16(yf[i]);
   return rc;
 }
 
@@ -144,7 +131,7 @@ static inline void add_into(float* x, const float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] + o[i];
 }
 static inline void add_into(uint16_t* x, const uint16_t* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(widen(x[i]) + widen(o[i]));
+  for (int64_t i = 0; i < n; ++i) x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(o[i]));
 }
 template <typename T> static inline int dtype_code() { return sizeof(T) == 2 ? 1 : 0; }
 
