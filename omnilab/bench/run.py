@@ -212,6 +212,16 @@ def _reference(cfg: BenchConfig, ckpt: Path, rows: list[dict], meta: dict) -> No
         if cfg.reference == "auto":
             meta["notes"].append("reference: .venv-ref not found, skipped")
         return
+    from omnilab.checkpoint.worker_weights import release_memory
+
+    release_memory()  # the benched pipelines' freed pages, before a second process loads the model
+    need, have = reference_memory(ckpt)
+    if have < need:  # the kernel's OOM killer would take this process, and every result with it
+        meta["notes"].append(f"reference skipped: {have / 2**30:.1f} GiB available, the official pipeline needs "
+                             f"~{need / 2**30:.1f} GiB (3 x the checkpoint's weights + 2 GiB); run it alone: "
+                             f"omnilab bench --configs eager --reference on")
+        modes.log(f"[bench] {meta['notes'][-1]}")
+        return
     modes.log(f"[bench] reference (qwen-tts, {cfg.threads} threads)...")
     try:
         row = ref.reference_row(ckpt, cfg.threads, cfg.frames)
@@ -222,6 +232,20 @@ def _reference(cfg: BenchConfig, ckpt: Path, rows: list[dict], meta: dict) -> No
     if fl:
         row.update(floor_ms=sorted(fl)[len(fl) // 2], step_floor_ratio=row["step_ms"] / sorted(fl)[len(fl) // 2])
     rows.append(row)
+
+
+def reference_memory(ckpt: Path, meminfo: str = "/proc/meminfo") -> tuple[int, int]:
+    """(bytes the official pipeline needs, bytes available now): 3 x the checkpoint's weight files (it loads them in
+    fp32 from a bf16 file, with the file's copy while casting) + 2 GiB of runtime; MemAvailable."""
+    weights = sum(f.stat().st_size for f in Path(ckpt).rglob("*.safetensors"))
+    have = 0
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                have = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        have = 0
+    return 3 * weights + 2 * 2**30, have
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -442,3 +442,19 @@ def test_rebuild_interleaves_with_one_configuration_in_memory_at_a_time(tiny_ckp
     assert [r["config"] for r in d["rows"]] == ["eager", "eager+torch-gemv"] and all(r["runs"] == 2 for r in d["rows"])
     assert most[0] == 1 and live[0] == 0 and all(r["init_s"] > 0 for r in d["rows"])
     assert d["rows"][1]["gemv"].startswith("torch") and "--rebuild" in " ".join(d["meta"]["notes"])
+
+
+def test_reference_memory_counts_the_weights_and_reads_meminfo(tmp_path):
+    """The bench skips the official pipeline (with a note) rather than let the OOM killer take the bench and its
+    results: what it needs is 3 x the weight files + 2 GiB, what it has is MemAvailable."""
+    from omnilab.bench.run import reference_memory
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model.safetensors").write_bytes(b"\0" * 1000)
+    (tmp_path / "ck" / "speech_tokenizer").mkdir()
+    (tmp_path / "ck" / "speech_tokenizer" / "model.safetensors").write_bytes(b"\0" * 24)
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24000000 kB\nMemAvailable:    1000000 kB\n")
+    need, have = reference_memory(tmp_path / "ck", str(info))
+    assert need == 3 * 1024 + 2 * 2**30 and have == 1000000 * 1024
+    assert reference_memory(tmp_path / "ck", str(tmp_path / "missing"))[1] == 0
