@@ -101,6 +101,9 @@ def test_the_one_call_stack_is_bitwise_the_layer_steps_and_the_general_path(tiny
     from omnilab.models.decoder import run_stack
     from omnilab.pipeline import Pipeline
 
+    # the dtype asked here is the one under test: the AVX2 pass's OMNILAB_DTYPE=float32 (kept for vLLM's AMX attention)
+    # would override it, and the eager stack's bf16 path must hold on the AVX2 builds too
+    monkeypatch.delenv("OMNILAB_DTYPE", raising=False)
     pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype=dtype,
                                     quantization=quantization)
     dt = getattr(torch, dtype)
