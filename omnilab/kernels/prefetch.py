@@ -18,7 +18,6 @@ kernel is resolved (at model load), under ``OMNILAB_PLAN_TIMING`` (``off``: the 
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -47,10 +46,6 @@ class Prefetch:
     distances: tuple[int, int, int]
     reason: str
     source: str  # "prior" | "timing" | "cached" | "env"
-
-    @property
-    def label(self) -> str:
-        return "prefetch " + "/".join(str(d) for d in self.distances) + " B"
 
 
 def parse(raw: str) -> tuple[int, int, int] | None:
@@ -136,8 +131,7 @@ def choose(times: dict[str, dict[int, float]]) -> tuple[tuple[int, int, int], st
 
 def resolve(lib, threads: int | None = None) -> Prefetch:
     """The distances for this process (env, cache, timing or prior), set in ``lib`` (a loaded qgemv library)."""
-    from omnilab.kernels.timing_key import _key, timing_mode
-    from omnilab.profiles.timing import NOISY_WAIT
+    from omnilab.kernels.timing_key import timing_mode
 
     fixed = parse(os.environ.get(ENV, ""))
     if fixed is not None:
@@ -145,35 +139,32 @@ def resolve(lib, threads: int | None = None) -> Prefetch:
     elif timing_mode() == "off":
         p = Prefetch(PRIOR, "the prior (measured on Zen 4): OMNILAB_PLAN_TIMING=off", "prior")
     else:
-        p = _timed(lib, threads or torch.get_num_threads(), _key, NOISY_WAIT, timing_mode() == "refresh")
+        p = _timed(lib, threads or torch.get_num_threads(), timing_mode() == "refresh")
     if lib.set_prefetch(*p.distances):
         raise RuntimeError(f"omnilab_qgemv_set_prefetch rejected {p.distances}")
     return p
 
 
-def _timed(lib, threads: int, key_fn, noisy: float, refresh: bool) -> Prefetch:
-    from omnilab.paths import cache_dir, file_lock
+def _timed(lib, threads: int, refresh: bool) -> Prefetch:
+    from omnilab.kernels.timing_key import _key, cached
+    from omnilab.paths import cache_dir
 
-    key, parts = key_fn(threads, str(lib.path))
-    path = cache_dir() / "timing" / f"qgemv-prefetch-{key}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(path.with_suffix(".lock")):
-        if path.is_file() and not refresh:
-            try:
-                d = json.loads(path.read_text())
-                times = {s: {int(c): float(ms) for c, ms in d["times"][s].items()} for s in SLOTS}
-                dist, why = choose(times)
-                return Prefetch(dist, f"cached timing of {d['measured']} ({threads} threads): {why}", "cached")
-            except (ValueError, KeyError, TypeError, AttributeError):  # a damaged entry is measured again
-                pass
+    key, parts = _key(threads, str(lib.path))
+
+    def load(d):
+        times = {s: {int(c): float(ms) for c, ms in d["times"][s].items()} for s in SLOTS}
+        return times, d["measured"], d.get("wait_share", 0.0)
+
+    def run():
         times, wait = measure(lib.fn, lib.set_prefetch, threads)
-        dist, why = choose(times)
-        if wait <= noisy:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"times": times, "parts": parts, "wait_share": wait,
-                                       "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}))
-            tmp.replace(path)
-            note = ""
-        else:
-            note = f" (run-queue wait {100 * wait:.0f} % of CPU time: used by this process only, not cached)"
+        return (times, None, wait), {"times": times}, wait
+
+    (times, when, wait), from_cache = cached(cache_dir() / "timing" / f"qgemv-prefetch-{key}.json", refresh, load,
+                                             run, parts)
+    dist, why = choose(times)
+    if from_cache:
+        return Prefetch(dist, f"cached timing of {when} ({threads} threads): {why}", "cached")
+    from omnilab.profiles.timing import NOISY_WAIT
+    note = "" if wait <= NOISY_WAIT else (f" (run-queue wait {100 * wait:.0f} % of CPU time: used by this process "
+                                          "only, not cached)")
     return Prefetch(dist, f"timed now ({threads} threads){note}: {why}", "timing")

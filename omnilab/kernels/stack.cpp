@@ -90,7 +90,8 @@ static inline void swiglu_rows(const float* gu, float* act, int64_t rows, int64_
 // product of two bf16 values in fp32, rounded: act = rnd(rnd(silu(g)) * u).
 static inline void swiglu_rows(const uint16_t* gu, uint16_t* act, int64_t rows, int64_t inter) {
   const vec_t one = vset(1.0f), zero = vset(0.0f);
-  std::vector<float> g(inter), y(inter);
+  static thread_local std::vector<float> g, y;  // per layer and step: kept, not reallocated
+  g.resize(inter), y.resize(inter);
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* gr = gu + r * 2 * inter;
     const uint16_t* u = gr + inter;

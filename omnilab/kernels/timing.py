@@ -19,18 +19,16 @@ same cache file and variables.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from omnilab.errors import ConfigError
-from omnilab.kernels.timing_key import _key, _schedstat, timing_mode  # noqa: F401  (shared with kernels/prefetch.py)
-from omnilab.profiles.timing import (NOISY_WAIT, PathTimes, bf16_decode_from_times,
+from omnilab.kernels.timing_key import _key, _schedstat, cached, timing_mode
+from omnilab.profiles.timing import (PathTimes, bf16_decode_from_times,
                                      prefill_from_times)
 
 LAYER_SHAPES = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
@@ -98,29 +96,19 @@ def path_times(threads: int | None = None, env: str | None = None) -> PathTimes 
     if mode == "off":
         return None
     from omnilab.kernels.gemv import _SLOT, _call, gemv_choice  # the kernel the timing runs and keys on
-    from omnilab.paths import cache_dir, file_lock
+    from omnilab.paths import cache_dir
 
     threads = threads or torch.get_num_threads()
     key, parts = _key(threads, gemv_choice().library)
     if key in _MEMO and mode != "refresh":
         return _MEMO[key]
-    path = cache_dir() / "timing" / f"paths-{key}.json"
-    with file_lock(path.with_suffix(".lock")):
-        if path.is_file() and mode != "refresh":
-            try:
-                times = PathTimes.from_dict(json.loads(path.read_text()), cached=True)
-            except (ValueError, KeyError, TypeError):  # a damaged entry is measured again
-                times = None
-            if times is not None:
-                _MEMO[key] = times
-                return times
+    def run():
         got = measure(threads, lib=_SLOT.loaded(), call=_call)
         times = PathTimes(got.decode, got.prefill, got.matrix_bytes, got.prefill_rows, threads, key, extra=got.extra)
-        if got.extra.get("wait_share", 0) <= NOISY_WAIT:  # a figure taken under other load is not kept
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({**times.to_dict(), "parts": parts, **got.extra,
-                                       "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}))
-            tmp.replace(path)
+        return times, {**times.to_dict(), **got.extra}, got.extra.get("wait_share", 0)
+
+    times, _ = cached(cache_dir() / "timing" / f"paths-{key}.json", mode == "refresh",
+                      lambda d: PathTimes.from_dict(d, cached=True), run, parts)
     _MEMO[key] = times
     return times
 

@@ -1,17 +1,20 @@
-"""What a cached timing on this machine is keyed on, how noisy it was, and the ``OMNILAB_PLAN_TIMING`` mode: shared
-by the path timing (:mod:`omnilab.kernels.timing`) and the quantized GEMV's prefetch timing
-(:mod:`omnilab.kernels.prefetch`), which must not import each other (the GEMV modules import the prefetch)."""
+"""What a cached timing on this machine is keyed on, how noisy it was, the ``OMNILAB_PLAN_TIMING`` mode, and the cache
+file itself (:func:`cached`): shared by the path timing (:mod:`omnilab.kernels.timing`) and the quantized GEMV's
+prefetch timing (:mod:`omnilab.kernels.prefetch`), which must not import each other (the GEMV modules import the
+prefetch)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 from omnilab.errors import ConfigError
-from omnilab.profiles.timing import TIMING_ENV, TIMING_MODES
+from omnilab.profiles.timing import NOISY_WAIT, TIMING_ENV, TIMING_MODES
 
 
 def timing_mode(env: str | None = None) -> str:
@@ -45,3 +48,27 @@ def _schedstat() -> tuple[int, int]:
             continue
         run, wait = run + int(a), wait + int(b)
     return run, wait
+
+
+def cached(path: Path, refresh: bool, load: Callable[[dict], Any], measure: Callable[[], tuple[Any, dict, float]],
+           parts: dict) -> tuple[Any, bool]:
+    """``(value, from_cache)``: ``load(entry)`` of the JSON file at ``path`` unless ``refresh`` (a damaged entry is
+    measured again), else ``measure()`` -> ``(value, record, wait_share)``, whose ``record`` is written (with
+    ``parts``, the wait share and the date) only when the run-queue wait stayed within ``NOISY_WAIT``: a figure taken
+    under other load is used by this process only. Under a file lock: concurrent processes measure once."""
+    from omnilab.paths import file_lock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(path.with_suffix(".lock")):
+        if path.is_file() and not refresh:
+            try:
+                return load(json.loads(path.read_text())), True
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
+        value, record, wait = measure()
+        if wait <= NOISY_WAIT:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**record, "parts": parts, "wait_share": wait,
+                                       "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+            tmp.replace(path)
+        return value, False

@@ -142,6 +142,7 @@ class OmnilabTalkerForVLLM(nn.Module):
         self.logits_ms = 0.0
         self.paged_step = StackStep()  # decode-only steps: the one-call stack over vLLM's paged caches
         self.paged_steps = 0           # forwards that took it (the rest ran vLLM's attention layers)
+        self._caches_checked: tuple | None = None  # the KV cache tensors _paged_caches last accepted
 
     @property
     def talker(self) -> Talker:
@@ -193,12 +194,16 @@ class OmnilabTalkerForVLLM(nn.Module):
         ``omnilab_paged_attn`` reads), else None."""
         st = self.stack
         caches = [a.kv_cache for a in st.attn]
+        held = self._caches_checked
+        if held is not None and len(held) == len(caches) and all(a is b for a, b in zip(held, caches)):
+            return caches  # the tensors vLLM bound at start: checked once
         c0 = caches[0]
         if (c0.dim() != 4 or c0.dtype != torch.float32 or c0.shape[1] != st.tts_config.talker.num_key_value_heads
                 or c0.shape[3] != 2 * st.attn_head_dim or c0.shape[2] % 16
                 or any(getattr(a, "isa", None) != "vec" for a in st.attn)
                 or any(c.shape != c0.shape or c.dtype != c0.dtype or not c.is_contiguous() for c in caches)):
             return None
+        self._caches_checked = tuple(caches)
         return caches
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
