@@ -9,7 +9,7 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
   ``+inductor`` (the code predictor's MLPs compiled by inductor), and environment switches set while the
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
   ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` / ``+int4-g32`` / ``+int4-g64`` (decode
-  matrices quantized at load); ``+fp32-code2wav`` / ``+bf16-code2wav`` set code2wav's dtype
+  matrices quantized at load), ``+int8-acts`` / ``+fp32-acts`` (their activations); ``+fp32-code2wav`` / ``+bf16-code2wav`` set code2wav's dtype
   (``OMNILAB_CODE2WAV_DTYPE``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute dtype (``+auto``: what a user
   who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses configurations with ``--quantization`` and
   ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and
@@ -54,6 +54,8 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+int8": {"OMNILAB_QUANTIZATION": "int8"},  # decode matrices quantized at load: int8 per output row
     "+int4": {"OMNILAB_QUANTIZATION": "int4"},  # ... int4, groups of 128 along K (or the largest that divides K)
     "+int4-g32": {"OMNILAB_QUANTIZATION": "int4-g32"}, "+int4-g64": {"OMNILAB_QUANTIZATION": "int4-g64"},
+    "+int8-acts": {"OMNILAB_QUANT_ACTIVATIONS": "int8"},  # quantized matrices' activations: int8 per row (VNNI)
+    "+fp32-acts": {"OMNILAB_QUANT_ACTIVATIONS": "fp32"},  # ... fp32
     "+fp32": {}, "+bf16": {}, "+auto": {},  # the compute dtype asked for (DTYPE_SUFFIXES; default: --dtype)
     "+fp32-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "float32"},  # code2wav's dtype (default: its auto rule)
     "+bf16-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "bfloat16"},

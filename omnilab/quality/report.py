@@ -9,7 +9,10 @@ Contract:
   an eager reference by construction), ``wave_snr_db``, ``finish_reason``.
 - ``summary()`` -> ``{"c0_agreement", "c0_kl_mean", "cp_agreement", "wave_snr_db"}``: the arithmetic means over
   requests that have frames (NaN rows skipped; ``wave_snr_db`` is the mean of per-request dB values, so it is
-  ``inf`` when any request decodes identically), plus ``requests`` and ``frames``.
+  ``inf`` when any request decodes identically), plus ``requests``, ``frames`` and ``c0_agreement_ci95``: the
+  95 % Wilson interval of the first-codebook agreement over all the frames pooled (each frame one trial). On
+  random-weight checkpoints the top two logits are often near ties, so agreement is a rate of rare flips: 64
+  frames cannot tell 0.91 from 0.97 (one flip is 1.6 points), 256 frames narrow it to about +-2 points.
 - ``by_codebook()`` -> DataFrame ``[request x codebook 1..15]`` of the per-codebook agreement.
 - ``seconds``: wall time of the three phases (``reference`` generation, ``forcing``, ``decode``) and ``total``.
 """
@@ -22,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-__all__ = ["COLUMNS", "QualityReport"]
+__all__ = ["COLUMNS", "QualityReport", "wilson_interval"]
 
 COLUMNS = ("request", "text", "frames", "c0_agreement", "c0_kl_mean", "c0_kl_max", "cp_agreement",
            "cp_agreement_by_codebook", "stop_agreement", "replay_agreement", "wave_snr_db", "finish_reason")
@@ -33,6 +36,17 @@ def _mean(values) -> float:
     a = np.asarray(list(values), dtype=np.float64)
     a = a[~np.isnan(a)]
     return float(a.mean()) if a.size else math.nan
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a rate (``z`` = 1.96: 95 %); (nan, nan) for no trials. Unlike the normal
+    approximation it stays inside [0, 1] and is not empty at 0 or all successes."""
+    if trials <= 0:
+        return (math.nan, math.nan)
+    p, n = successes / trials, trials
+    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    d = 1 + z * z / n
+    return (max(0.0, (mid - half) / d), min(1.0, (mid + half) / d))
 
 
 def _fmt(v: Any) -> str:
@@ -63,6 +77,8 @@ class QualityReport:
         out: dict[str, Any] = {k: _mean(have[k]) for k in SUMMARY_KEYS}
         out["requests"] = int(len(self.rows))
         out["frames"] = int(self.rows["frames"].sum())
+        agree = float((have["c0_agreement"].fillna(0) * have["frames"]).sum())
+        out["c0_agreement_ci95"] = wilson_interval(round(agree), int(have["frames"].sum()))
         return out
 
     def by_codebook(self) -> pd.DataFrame:
@@ -78,8 +94,9 @@ class QualityReport:
 
     def __repr__(self) -> str:
         s = self.summary()
+        lo, hi = s["c0_agreement_ci95"]
         return (f"QualityReport({s['requests']} requests, {s['frames']} frames: c0 agreement "
-                f"{_fmt(s['c0_agreement'])}, KL {_fmt(s['c0_kl_mean'])} nats, cp agreement {_fmt(s['cp_agreement'])}, "
+                f"{_fmt(s['c0_agreement'])} (95 % {lo:.3f}-{hi:.3f}), KL {_fmt(s['c0_kl_mean'])} nats, cp agreement {_fmt(s['cp_agreement'])}, "
                 f"wave SNR {_fmt(s['wave_snr_db'])} dB; ref={self.ref}, test={self.test})")
 
     def _repr_html_(self) -> str:

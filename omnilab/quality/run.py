@@ -20,12 +20,17 @@ decoding. ``c0_scores``: ``"processed"`` (default: the scores greedy decoding ta
 repetition penalty over the reference's c0 history, the ``min_new_tokens`` EOS mask and the suppression of
 ids >= 2048 but EOS; both sides get the same processing) or ``"raw"`` (the talker's fp32 logits).
 Both pipelines must share one model geometry (``model.config``), else :class:`~omnilab.errors.ConfigError`.
+
+``reference(ref_pipe, texts, **generation) -> ReferenceRun`` does steps 1-2 for the reference side once;
+``compare(run, test_pipe)`` then costs only the test side's forcing and decode, for as many test pipelines as
+wanted (the reference's frames, scores and audio are the same objects for each).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,11 +39,12 @@ import torch
 from omnilab.errors import ConfigError, InputError
 import omnilab.quality.metrics as metrics
 from omnilab.quality.report import COLUMNS, QualityReport
-from omnilab.quality.teacher import forcing_talker, teacher_force
+from omnilab.models.prompt import PromptRequest
+from omnilab.quality.teacher import Forced, forcing_talker, teacher_force
 from omnilab.requests import UserRequest, build_request
 from omnilab.sampling import SamplingParams
 
-__all__ = ["C0_SCORES", "compare", "describe"]
+__all__ = ["C0_SCORES", "ReferenceRun", "compare", "describe", "reference"]
 
 C0_SCORES = ("processed", "raw")
 _GREEDY_KEYS = ("do_sample", "subtalker_do_sample")
@@ -79,9 +85,28 @@ def _check_pair(ref_pipe: Any, test_pipe: Any) -> None:
                           "checkpoint (any backend, dtype or quantization) or one with an identical config")
 
 
-def compare(ref_pipe: Any, test_pipe: Any, texts: str | Sequence[str], *, c0_scores: str = "processed",
-            **generation: Any) -> QualityReport:
-    """Fidelity of ``test_pipe`` against ``ref_pipe`` on ``texts`` (see the module docstring)."""
+@dataclass(frozen=True, eq=False)
+class ReferenceRun:
+    """The reference side of :func:`compare`, computed once by :func:`reference` and reusable against any number
+    of test pipelines (the bench measures several numerics settings against one reference): per text, the
+    greedy result, the request as parsed, the sampling values and the reference's own teacher-forced scores."""
+    pipe: Any
+    texts: tuple[str, ...]
+    c0_scores: str
+    items: tuple[tuple[Any, PromptRequest, SamplingParams, Forced], ...]   # (result, request, params, forced)
+    seconds: Mapping[str, float]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __repr__(self) -> str:
+        frames = sum(len(res.codes) for res, *_ in self.items)
+        return f"ReferenceRun({describe(self.pipe)}, {len(self.items)} texts, {frames} frames)"
+
+
+def reference(ref_pipe: Any, texts: str | Sequence[str], *, c0_scores: str = "processed",
+              **generation: Any) -> ReferenceRun:
+    """Steps 1-2 of the contract for the reference side alone: greedy runs and their forced scores."""
     if c0_scores not in C0_SCORES:
         raise InputError(f"c0_scores {c0_scores!r} is not known; accepted: {', '.join(C0_SCORES)}")
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -93,13 +118,10 @@ def compare(ref_pipe: Any, test_pipe: Any, texts: str | Sequence[str], *, c0_sco
                              "accepted: False (or leave it out)")
     if "input_ids" in generation:
         raise InputError("compare takes texts, not input_ids")
-    _check_pair(ref_pipe, test_pipe)
-    ref_talker, test_talker = forcing_talker(ref_pipe), forcing_talker(test_pipe)
-    cfg = ref_pipe.model.config
-    seconds = {"reference": 0.0, "forcing": 0.0, "decode": 0.0}
-    t_start = time.perf_counter()
-    rows = []
-    for i, (text, kw) in enumerate(zip(texts, _per_text(texts, generation))):
+    ref_talker, cfg = forcing_talker(ref_pipe), ref_pipe.model.config
+    seconds = {"reference": 0.0, "forcing": 0.0}
+    items = []
+    for text, kw in zip(texts, _per_text(texts, generation)):
         kw = {**kw, "do_sample": False, "subtalker_do_sample": False}
         t0 = time.perf_counter()
         res = ref_pipe.generate(text, **kw)
@@ -110,11 +132,43 @@ def compare(ref_pipe: Any, test_pipe: Any, texts: str | Sequence[str], *, c0_sco
                                 warn=False)
         params = SamplingParams.from_defaults(ref_pipe.model.generation,
                                               **{k: kw.get(k) for k in _SAMPLING_FIELDS if k in kw})
-        codes = torch.as_tensor(res.codes, dtype=torch.long)  # [T, 16]
-        stop = res.finish_reason == "eos"
         t0 = time.perf_counter()
-        fr = teacher_force(ref_talker, cfg, preq, codes, params, stop_step=stop, raw=c0_scores == "raw")
-        ft = teacher_force(test_talker, cfg, preq, codes, params, stop_step=stop, raw=c0_scores == "raw")
+        fr = teacher_force(ref_talker, cfg, preq, _codes(res), params, stop_step=res.finish_reason == "eos",
+                           raw=c0_scores == "raw")
+        seconds["forcing"] += time.perf_counter() - t0
+        items.append((res, preq, params, fr))
+    return ReferenceRun(ref_pipe, tuple(texts), c0_scores, tuple(items), seconds)
+
+
+def _codes(res: Any) -> torch.Tensor:
+    return torch.as_tensor(res.codes, dtype=torch.long)  # [T, 16]
+
+
+def compare(ref: Any, test_pipe: Any, texts: str | Sequence[str] | None = None, *, c0_scores: str = "processed",
+            **generation: Any) -> QualityReport:
+    """Fidelity of ``test_pipe`` against ``ref`` on ``texts`` (see the module docstring). ``ref`` is a reference
+    pipeline, or a :class:`ReferenceRun` from :func:`reference` (then ``texts`` and ``generation`` are its own:
+    giving them again is an error)."""
+    if isinstance(ref, ReferenceRun):
+        if texts is not None or generation or c0_scores != "processed":
+            raise InputError("compare(reference_run, test_pipe) takes no texts or generation keywords: the "
+                             "ReferenceRun has its own; accepted: compare(run, test_pipe)")
+        run = ref
+    else:
+        if texts is None:
+            raise InputError("texts is missing; give at least one sentence (or a ReferenceRun as ref)")
+        _check_pair(ref, test_pipe)
+        run = reference(ref, texts, c0_scores=c0_scores, **generation)
+    _check_pair(run.pipe, test_pipe)
+    test_talker, cfg = forcing_talker(test_pipe), run.pipe.model.config
+    seconds = {"reference": 0.0, "forcing": 0.0, "decode": 0.0}
+    t_start = time.perf_counter()
+    rows = []
+    for i, (res, preq, params, fr) in enumerate(run.items):
+        codes = _codes(res)
+        t0 = time.perf_counter()
+        ft = teacher_force(test_talker, cfg, preq, codes, params, stop_step=res.finish_reason == "eos",
+                           raw=run.c0_scores == "raw")
         seconds["forcing"] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -123,8 +177,12 @@ def compare(ref_pipe: Any, test_pipe: Any, texts: str | Sequence[str], *, c0_sco
         seconds["decode"] += time.perf_counter() - t0
         rows.append(_row(f"req-{i}", res, codes, fr, ft, test_audio))
     seconds["total"] = time.perf_counter() - t_start
+    if run is not ref:  # computed here: its cost is this comparison's
+        seconds["reference"] = run.seconds["reference"]
+        seconds["forcing"] += run.seconds["forcing"]
+        seconds["total"] += run.seconds["reference"] + run.seconds["forcing"]
     table = pd.DataFrame(rows, columns=list(COLUMNS))
-    return QualityReport(table, describe(ref_pipe), describe(test_pipe), c0_scores, seconds)
+    return QualityReport(table, describe(run.pipe), describe(test_pipe), run.c0_scores, seconds)
 
 
 def _row(request: str, res: Any, codes: torch.Tensor, fr, ft, test_audio: np.ndarray) -> dict:

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from omnilab.errors import ConfigError, InputError
-from omnilab.quality import QualityReport, compare
+from omnilab.quality import QualityReport, ReferenceRun, compare, reference
+from omnilab.quality.report import wilson_interval
 
 from _quality_common import GEN, TEXTS, load_pipe, eos_pipe  # noqa: F401  (fixtures)
 
@@ -28,14 +29,15 @@ def _assert_identical(rep: QualityReport, n: int):
     assert all(cb == [1.0] * 15 for cb in rep.rows["cp_agreement_by_codebook"])
     assert all(math.isinf(v) and v > 0 for v in rep.rows["wave_snr_db"])  # same decoder, same codes
     assert rep.summary() == {"c0_agreement": 1.0, "c0_kl_mean": 0.0, "cp_agreement": 1.0,
-                             "wave_snr_db": math.inf, "requests": n, "frames": n * FRAMES}
+                             "wave_snr_db": math.inf, "requests": n, "frames": n * FRAMES,
+                             "c0_agreement_ci95": wilson_interval(n * FRAMES, n * FRAMES)}
 
 
 def test_a_pipeline_compared_with_itself_agrees_exactly(tiny_pipe):
     rep = compare(tiny_pipe, tiny_pipe, TEXTS, **GEN)
     _assert_identical(rep, 2)
     assert list(rep.rows["text"]) == TEXTS and list(rep.rows["stop_agreement"]) == [None, None]
-    assert "c0 agreement 1," in repr(rep) and "ref=eager float32" in repr(rep)
+    assert "c0 agreement 1 (95 % 0.785-1.000)," in repr(rep) and "ref=eager float32" in repr(rep)
     html = rep._repr_html_()
     assert "<table>" in html and "c0_kl_mean" in html and "Hello world" in html
     assert rep.by_codebook().shape == (2, 15) and set(rep.seconds) == {"reference", "forcing", "decode", "total"}
@@ -133,3 +135,42 @@ def test_a_vllm_reference_is_teacher_forced_through_its_client_modules(tiny_ckpt
         rep = compare(vpipe, tiny_pipe, TEXTS[:1], **GEN)
     assert rep.ref == "vllm float32"
     _assert_identical(rep, 1)
+
+
+def test_one_reference_run_serves_several_comparisons(tiny_pipe, load_pipe):
+    """``reference()`` once, then ``compare(run, test)``: the same report as ``compare(ref, test, texts)`` (same
+    kernels, values and shapes in this process: the same bits), without running the reference again."""
+    test = load_pipe(quantization="int8")
+    run = reference(tiny_pipe, TEXTS, **GEN)
+    assert isinstance(run, ReferenceRun) and len(run) == 2 and "2 texts" in repr(run)
+    calls = []
+    plain = tiny_pipe.generate
+    tiny_pipe.generate = lambda *a, **k: calls.append(a) or plain(*a, **k)
+    try:
+        reused = compare(run, test)
+        again = compare(run, tiny_pipe)
+    finally:
+        del tiny_pipe.generate
+    assert calls == []  # the reference's greedy runs are not repeated
+    direct = compare(tiny_pipe, test, TEXTS, **GEN)
+    cols = [c for c in direct.rows.columns if c != "wave_snr_db"]
+    assert reused.rows[cols].equals(direct.rows[cols]) and reused.test == direct.test
+    np.testing.assert_array_equal(reused.rows["wave_snr_db"], direct.rows["wave_snr_db"])
+    _assert_identical(again, 2)
+    with pytest.raises(InputError, match="takes no texts or generation keywords"):
+        compare(run, test, TEXTS)
+    with pytest.raises(InputError, match="accepted: processed, raw"):
+        reference(tiny_pipe, TEXTS, c0_scores="softmax", **GEN)
+
+
+def test_the_agreement_interval_is_wilsons():
+    """Worked values of the 95 % Wilson interval (p +- z sqrt(p(1-p)/n + z^2/4n^2), shifted by z^2/2n, over
+    1 + z^2/n): 58 of 64 (the 0.906 two bench texts gave) spans 0.81-0.96, so it cannot show 0.97 either way;
+    all of n is not the empty [1, 1]; the interval of failures mirrors the successes'."""
+    lo, hi = wilson_interval(58, 64)
+    assert lo == pytest.approx(0.8103, abs=1e-3) and hi == pytest.approx(0.9563, abs=1e-3)
+    lo, hi = wilson_interval(256, 256)
+    assert hi == 1.0 and lo == pytest.approx(256 / (256 + 1.96 ** 2), abs=1e-9)
+    a, b = wilson_interval(250, 264), wilson_interval(14, 264)
+    assert a[0] == pytest.approx(1 - b[1], abs=1e-12) and a[1] == pytest.approx(1 - b[0], abs=1e-12)
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))
