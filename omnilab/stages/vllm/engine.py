@@ -18,9 +18,9 @@ Contract:
 - Engine death (a killed engine-core or talker worker process, an exception in the engine step, an answer
   that does not come within ``OMNILAB_WORKER_TIMEOUT_S``): that call and every later one raise
   :class:`~omnilab.errors.WorkerError` naming the cause (never vLLM's ``EngineDeadError``); ``respawn()``
-  (``pipe.restart()``) builds a new stage with the same config. A row whose talker logits are not finite
-  (NaN/Inf inputs or weights) ends its request: ``step()`` raises ``InputError`` naming the request and frame,
-  and the engine lives on. Workers die with the client (:mod:`omnilab.stages.lifecycle`).
+  (``pipe.restart()``) builds a new stage with the same config. A row whose talker logits are not finite ends its
+  request (``step()`` raises ``InputError`` naming request and frame); the engine lives on. Workers die with the
+  client (:mod:`omnilab.stages.lifecycle`); a closed and dropped stage frees its memory (``imports.py``).
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ from omnilab.errors import InputError, UnsupportedError, WorkerError
 from omnilab.models.prompt import PromptRequest, prompt_length
 from omnilab.sampling import SamplingParams
 from omnilab.stages.vllm import liveness, payload as vllm_payload
+from omnilab.stages.vllm.imports import drop_import_tracebacks
 from omnilab.stages.vllm.config import (VllmStageConfig, compile_predictor_flag, engine_env, engine_kwargs,
                                         kv_bytes_per_token)
 from omnilab.stages import lifecycle
@@ -152,6 +153,7 @@ class VllmTalkerStage:
                 unshare_talker(self._share_key)
                 self._share_key = None
         self.init_s = time.perf_counter() - t0
+        drop_import_tracebacks()  # else vLLM's first import pins these frames, and this stage, for good
         if not c.multiprocess:
             self._wrap_scheduler(engine)
         elif c.engine_core_nice:
@@ -164,7 +166,6 @@ class VllmTalkerStage:
         if sched is None:
             return
         inner = sched.schedule
-
         def timed_schedule(*a, **kw):
             t0 = time.perf_counter()
             try:
@@ -221,8 +222,7 @@ class VllmTalkerStage:
         """Worker-side state tables, step counter, pid, CPU affinity and torch thread count."""
         return self.rpc("omnilab_summary")
 
-    def take_spans(self) -> list[dict[str, Any]]:
-        """Spans come with each step's outputs (``worker_pid``/``worker_tid`` and phase times), none apart."""
+    def take_spans(self) -> list[dict[str, Any]]:  # spans come with each step's outputs, none apart
         return []
 
     # ---- requests ----------------------------------------------------------------------------------------
