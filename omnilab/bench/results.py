@@ -5,7 +5,8 @@ The JSON (``BenchResult.to_dict``; read back with ``load_bench``):
 - ``command``: the exact command line (``omnilab bench ...``) and ``environment``: the ``OMNILAB_*`` and ISA-cap
   variables it ran under; ``meta``: machine, checkpoint, settings, bandwidth probe, bytes per frame, notes;
 - ``points``: one per configuration in a fixed shape (``BenchResult.points``: backend, dtype asked and run,
-  quantization, ms per frame, RTF, frames/s, TTFA, ``effective_gbps``, ``fidelity``), beside ``gemv_gbps`` and
+  quantization, ms per frame, RTF, frames/s, TTFA, ``effective_gbps`` at one stream and ``n_effective_gbps`` at the
+  largest concurrency (weight bytes per step / step time: N rows share one read), ``fidelity``), beside ``gemv_gbps`` and
   ``stream_read_gbps`` (the machine's bandwidth probes);
 - ``rows``: one per configuration (and the reference row), each with the keys the table prints
   (``TABLE_COLUMNS``) and more (labels, ranges over rounds, code2wav chunk costs);
@@ -76,7 +77,7 @@ TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("c2w 100f ms/frame", ("code2wav_100f_ms_per_frame",), _ms),
     ("c2w stream ms/frame", ("code2wav_stream_steady_ms_per_frame",), _ms),
     ("c2w 1-frame chunk ms", ("code2wav_1f_chunk_ms",), _ms),
-    ("decode GB/s", ("effective_gbps",), "{:.1f}"),
+    ("decode GB/s", ("effective_gbps",), "{:.1f}"), ("N-stream decode GB/s", ("n_effective_gbps",), "{:.1f}"),
     ("c0 agree", ("fidelity_c0_agreement",), "{:.3f}"), ("c0 KL", ("fidelity_c0_kl_mean",), "{:.2g}"),
     ("cp agree", ("fidelity_cp_agreement",), "{:.3f}"), ("wave SNR dB", ("fidelity_wave_snr_db",), "{:.1f}"),
     ("peak RSS GiB", ("peak_rss_gib",), "{:.2f}"), ("init s", ("init_s",), "{:.0f}"),
@@ -146,7 +147,8 @@ class BenchResult:
                         "frames_per_s": r.get("frames_per_s"), "n_streams": r.get("n_streams"),
                         "n_frames_per_s": r.get("n_frames_per_s"), "ttfa_ms_p50": r.get("ttfa_ms"),
                         "decode_bytes_per_frame": r.get("decode_bytes_per_frame"),
-                        "effective_gbps": r.get("effective_gbps"), "fidelity": r.get("fidelity"),
+                        "effective_gbps": r.get("effective_gbps"), "n_effective_gbps": r.get("n_effective_gbps"),
+                        "fidelity": r.get("fidelity"),
                         "wait_pct": r.get("wait_pct")})
         return out
 

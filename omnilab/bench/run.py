@@ -192,6 +192,8 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
         r["dtype_requested"] = be.parse_config(r["config"]).dtype or cfg.dtype
         if isinstance(r.get("decode_bytes_per_frame"), float) and isinstance(r.get("step_ms"), float):
             r["effective_gbps"] = r["decode_bytes_per_frame"] / (r["step_ms"] * 1e-3) / 1e9
+            if isinstance(r.get("n_step_ms"), float):  # N streams: one read of the weights for N rows
+                r["n_effective_gbps"] = r["decode_bytes_per_frame"] / (r["n_step_ms"] * 1e-3) / 1e9
     if not child:
         from omnilab.bench.fidelity import add_fidelity
         add_fidelity(cfg, ckpt, prompts, rows, meta)

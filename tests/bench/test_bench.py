@@ -251,6 +251,8 @@ def test_interleaved_run_alternates_and_writes_one_row_per_configuration(tiny_ck
     assert all(1 <= q["frames"] <= 3 and q["finish_reason"] in ("length", "eos") for q in d["requests"])
     for r in rows:
         assert r["floor_ms"] > 0 and r["step_floor_ratio"] > 0 and r["n_streams"] == 2
+        # the decode bandwidth at 2 streams: the step's weight bytes over the 2-row step (one read for both rows)
+        assert r["n_effective_gbps"] == pytest.approx(r["decode_bytes_per_frame"] / (r["n_step_ms"] * 1e-3) / 1e9)
         assert 0 <= r["wait_pct"] <= 100 and r["pid"] == os.getpid()
     assert d["meta"]["peak_rss_gib_all_configs"] > 0 and d["meta"]["bandwidth"]["gbps"] > 0
     assert load_bench(tmp_path / "omnilab-bench" / "il.json").rows == rows
