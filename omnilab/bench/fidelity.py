@@ -6,9 +6,9 @@ fidelity is measured once per distinct ``(dtype, quantization)`` a row ran with,
 :func:`omnilab.quality.compare` (teacher-forced against the reference's greedy frames: first-codebook top-1
 agreement and KL, per-codebook agreement of the code predictor, code2wav's waveform SNR on identical codes), over
 the first ``FIDELITY_TEXTS`` prompts at the bench's frame count: 8 x 33 = 264 frames at ``--frames 32``, so the
-first-codebook agreement's 95 % interval (``c0_agreement_ci95``, pooled frames) is about +-2 points near 0.97 (two
-texts, as before the eleventh session, gave 0.906 for int8 where eight give 0.977). The reference side runs once
-(:func:`omnilab.quality.reference`) for every setting compared. The reference is eager, float32, unquantized, with
+first-codebook agreement's 95 % interval (``c0_agreement_ci95``, pooled frames) is about +-3 points near 0.91 (two
+texts, as before the eleventh session, left it 15 points wide; docs/quality.md#how-many-frames-an-agreement-needs).
+The reference side runs once (:func:`omnilab.quality.reference`) for every setting compared. The reference is eager, float32, unquantized, with
 a float32 code2wav (``OMNILAB_CODE2WAV_DTYPE=float32``); a test pipeline gets the environment the rows ran under.
 
 ``--fidelity auto`` measures when some row's numerics differ from the reference's, ``on`` always, ``off`` never.
