@@ -37,14 +37,14 @@ ARGTYPES = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, _P, _P, _P] + [ctypes.c_int6
 
 
 PAGED_ARGTYPES = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P] + [ctypes.c_int64] * 3 + [_P] + \
-    [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_float, ctypes.c_int]
+    [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
 def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
     from omnilab.kernels.trust import symbol
 
     lib = KernelLib(path, "omnilab_decode_attn", "omnilab_attn_isa", ARGTYPES)
-    lib.paged = symbol(lib.lib, "omnilab_paged_attn", path)  # over vLLM's paged fp32 cache (attn.cpp)
+    lib.paged = symbol(lib.lib, "omnilab_paged_attn", path)  # over vLLM's paged "vec" cache (attn.cpp)
     lib.paged.argtypes = PAGED_ARGTYPES
     lib.paged.restype = ctypes.c_int
     return lib
@@ -59,21 +59,26 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
 def paged_attention(lib: KernelLib, qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor,
                     sin_signed: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, positions: Sequence[int],
                     num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
-    """One token per row over vLLM's paged fp32 cache (``attn.cpp``'s layout note): ``qkv`` [B, (Hq + 2 Hkv) D]
-    fp32 contiguous, ``cos`` / ``sin_signed`` [B, D], ``cache`` [blocks, Hkv, bs, 2 Dp] (one layer's),
-    ``block_table`` [>= B, max_blocks] int32. Writes k/v at ``positions[b]`` and returns [B, Hq * D]. The vLLM talker
-    calls it through ``stack.cpp``; this form is for tests and study."""
+    """One token per row over vLLM's paged "vec" cache (``attn.cpp``'s layout note): ``qkv`` [B, (Hq + 2 Hkv) D]
+    contiguous, ``cos`` / ``sin_signed`` [B, D], ``cache`` [blocks, Hkv, bs, 2 Dp] (one layer's), all fp32 or all
+    bf16 (bf16: every op rounded as the contiguous kernel's bf16 mode), ``block_table`` [>= B, max_blocks] int32.
+    Writes k/v at ``positions[b]`` and returns [B, Hq * D] of the dtype. The vLLM talker calls it through
+    ``stack.cpp``; this form is for tests and study."""
     b = qkv.shape[0]
     nblocks, hkv, bs, two_dp = cache.shape
-    if (qkv.dtype != torch.float32 or cache.dtype != torch.float32 or block_table.dtype != torch.int32
-            or hkv != num_kv_heads or not cache.is_contiguous() or block_table.stride(1) != 1):
-        raise ValueError("paged_attention takes fp32 qkv and cache [blocks, Hkv, bs, 2 Dp], int32 block table rows")
-    out = torch.empty(b, num_heads * head_dim)
+    dt = qkv.dtype
+    if (dt not in (torch.float32, torch.bfloat16) or any(t.dtype != dt for t in (cache, norm_weight, cos, sin_signed))
+            or block_table.dtype != torch.int32 or hkv != num_kv_heads or not cache.is_contiguous()
+            or block_table.stride(1) != 1):
+        raise ValueError("paged_attention takes qkv, norm weight, tables and cache [blocks, Hkv, bs, 2 Dp] of one "
+                         "dtype (float32 or bfloat16) and int32 block table rows")
+    out = torch.empty(b, num_heads * head_dim, dtype=dt)
     pos = (ctypes.c_int64 * b)(*positions)
     nw = norm_weight.contiguous()
     if lib.paged(qkv.data_ptr(), nw.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), head_dim, cache.data_ptr(),
                  block_table.data_ptr(), block_table.stride(0), pos, bs, two_dp // 2, nblocks, out.data_ptr(), b,
-                 num_heads, num_kv_heads, head_dim, float(eps), float(scale), torch.get_num_threads()):
+                 num_heads, num_kv_heads, head_dim, float(eps), float(scale), int(dt == torch.bfloat16),
+                 torch.get_num_threads()):
         raise RuntimeError(f"omnilab_paged_attn rejected B={b}, heads {num_heads}/{num_kv_heads}, D={head_dim}, "
                            f"cache {tuple(cache.shape)}, positions {list(positions)}")
     return out

@@ -149,29 +149,31 @@ static void run(const T* qkv, const T* nw, const T* cos, const T* sins, int64_t 
   }
 }
 
-// The same step over vLLM's paged KV cache as its CPU attention backend lays it out for fp32 ("vec" ISA): one
-// tensor per layer [blocks, Hkv, bs, 2 Dp] (Dp >= D: the head size vLLM was given, zero-padded); for block n and kv
-// head h the region at (n Hkv + h) 2 bs Dp holds the keys transposed, [Dp][bs] (element d of token j at d bs + j),
-// then the values, [bs][Dp]. Row b's token j lives in block bt[b * bt_stride + j / bs] at j % bs. The new k and v
-// go to position pos[b] (pads zeroed). Scores are computed with the tokens in lanes (the transposed keys):
-// s_j = sum_d q_d k_dj as one FMA chain per token over d ascending, times scale; softmax and the weighted sum of
-// values as run(). Each (row, head) whole on one thread, fixed order: independent of batch mates, threads, the
-// block size and which blocks a row holds; against run() (dot over D in lanes) it differs by fp32 rounding only.
-static void run_paged(const float* qkv, const float* nw, const float* cos, const float* sins, int64_t rope_stride,
-                      float* cache, const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
-                      float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps, float scale, int nt) {
+// The same step over vLLM's paged KV cache as its CPU attention backend lays it out for the "vec" ISA: one
+// tensor per layer [blocks, Hkv, bs, 2 Dp] of the dtype (Dp >= D: the head size vLLM was given, zero-padded); for
+// block n and kv head h the region at (n Hkv + h) 2 bs Dp holds the keys transposed, [Dp][bs] (element d of token j
+// at d bs + j), then the values, [bs][Dp]. Row b's token j lives in block bt[b * bt_stride + j / bs] at j % bs. The
+// new k and v go to position pos[b] (pads zeroed). Scores are computed with the tokens in lanes (the transposed
+// keys, bf16 ones widened exactly): s_j = sum_d q_d k_dj as one FMA chain per token over d ascending, times scale;
+// softmax and the weighted sum of values as run(), the output rounded once to the dtype. Each (row, head) whole on
+// one thread, fixed order: independent of batch mates, threads, the block size and which blocks a row holds;
+// against run() (dot over D in lanes) it differs by fp32 rounding only (before the dtype's one rounding).
+template <typename T>
+static void run_paged(const T* qkv, const T* nw, const T* cos, const T* sins, int64_t rope_stride, T* cache,
+                      const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp, T* out,
+                      int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps, float scale, int nt) {
   const int64_t ntot = (Hq + 2 * Hkv) * D, region = 2 * bs * Dp;
   auto head = [&](int64_t b, int64_t h, int64_t j) { return cache + ((int64_t)bt[b * bt_stride + j / bs] * Hkv + h) * region; };
   for (int64_t i = 0; i < B * Hkv; ++i) {
     const int64_t b = i / Hkv, h = i % Hkv, off = pos[b] % bs;
-    const float* row = qkv + b * ntot;
+    const T* row = qkv + b * ntot;
     float kr[512];
-    norm_rope<float>(row + (Hq + h) * D, nw + (Hq + h) * D, cos + b * rope_stride, sins + b * rope_stride, D, eps, kr);
-    float* r = head(b, h, pos[b]);
-    for (int64_t d = 0; d < Dp; ++d) r[d * bs + off] = d < D ? kr[d] : 0.0f;
-    float* vr = r + bs * Dp + off * Dp;
-    memcpy(vr, row + (Hq + Hkv + h) * D, D * sizeof(float));
-    for (int64_t d = D; d < Dp; ++d) vr[d] = 0.0f;
+    norm_rope<T>(row + (Hq + h) * D, nw + (Hq + h) * D, cos + b * rope_stride, sins + b * rope_stride, D, eps, kr);
+    T* r = head(b, h, pos[b]);
+    for (int64_t d = 0; d < Dp; ++d) st(r, d * bs + off, d < D ? kr[d] : 0.0f);
+    T* vr = r + bs * Dp + off * Dp;
+    memcpy(vr, row + (Hq + Hkv + h) * D, D * sizeof(T));
+    for (int64_t d = D; d < Dp; ++d) st(vr, d, 0.0f);
   }
   const int64_t work = B * Hq, group = Hq / Hkv;
   int64_t longest = 0;
@@ -179,16 +181,16 @@ static void run_paged(const float* qkv, const float* nw, const float* cos, const
   if (nt < 1 || work * longest * D < (1 << 17)) nt = 1;
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<float> scores, acc(D);
+    std::vector<float> scores, acc(D), vf(D);
     float q[512];
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < work; ++i) {
       const int64_t b = i / Hq, h = i % Hq, g = h / group, L = pos[b] + 1, nblk = (L + bs - 1) / bs;
-      norm_rope<float>(qkv + b * ntot + h * D, nw + h * D, cos + b * rope_stride, sins + b * rope_stride, D, eps, q);
+      norm_rope<T>(qkv + b * ntot + h * D, nw + h * D, cos + b * rope_stride, sins + b * rope_stride, D, eps, q);
       scores.resize(nblk * bs);
       const vec_t sc = vset(scale);
       for (int64_t n = 0; n < nblk; ++n) {
-        const float* kt = head(b, g, n * bs);
+        const T* kt = head(b, g, n * bs);
         const int64_t have = L - n * bs < bs ? L - n * bs : bs;
         // up to 8 vectors of tokens at once (independent chains: FMA latency hidden; each lane's chain is the
         // same); bs is a multiple of VEC, so lanes past L read the block's rest (overwritten below)
@@ -198,18 +200,19 @@ static void run_paged(const float* qkv, const float* nw, const float* cos, const
           for (int64_t c = 0; c < nc; ++c) a[c] = vzero();
           for (int64_t d = 0; d < D; ++d) {
             const vec_t qd = vset(q[d]);
-            const float* kr = kt + d * bs + j0;
-            for (int64_t c = 0; c < nc; ++c) a[c] = vfma(qd, vload(kr + c * VEC), a[c]);
+            const T* kr = kt + d * bs + j0;
+            for (int64_t c = 0; c < nc; ++c) a[c] = vfma(qd, vload(kr + c * VEC), a[c]);  // bf16: widened exactly
           }
           for (int64_t c = 0; c < nc; ++c) vstore(scores.data() + n * bs + j0 + c * VEC, vmul(a[c], sc));
         }
       }
       float m = -INFINITY;
       for (int64_t j = 0; j < L; ++j) m = scores[j] > m ? scores[j] : m;
-      const float inv = softmax_values(scores.data(), L, m, D, acc.data(),
-                                       [&](int64_t j) { return (const float*)head(b, g, j) + bs * Dp + (j % bs) * Dp; });
-      float* o = out + b * Hq * D + h * D;
-      for (int64_t k = 0; k < D; ++k) o[k] = acc[k] * inv;
+      const float inv = softmax_values(scores.data(), L, m, D, acc.data(), [&](int64_t j) {
+        return kb_f32(head(b, g, j) + bs * Dp + (j % bs) * Dp, vf.data(), D);  // fp32 in place, bf16 widened
+      });
+      T* o = out + b * Hq * D + h * D;
+      for (int64_t k = 0; k < D; ++k) st(o, k, acc[k] * inv);
     }
   }
 }
@@ -217,19 +220,27 @@ static void run_paged(const float* qkv, const float* nw, const float* cos, const
 extern "C" {
 const char* omnilab_attn_isa() { return ISA_NAME; }
 
-// The paged form (run_paged above), fp32 only. nblocks: the cache's block count (every block id a row needs is
-// checked against it). Returns 0, or -1 for arguments outside what it takes.
-int omnilab_paged_attn(const float* qkv, const float* nw, const float* cos, const float* sins, int64_t rope_stride,
-                       float* cache, const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
-                       int64_t nblocks, float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps,
-                       float scale, int nt) {
+// The paged form (run_paged above); dtype 0: fp32 qkv / nw / tables / cache / out, 1: all bf16 (uint16 bit patterns).
+// nblocks: the cache's block count (every block id a row needs is checked against it). Returns 0, or -1 for
+// arguments outside what it takes.
+int omnilab_paged_attn(const void* qkv, const void* nw, const void* cos, const void* sins, int64_t rope_stride,
+                       void* cache, const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
+                       int64_t nblocks, void* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps,
+                       float scale, int dtype, int nt) {
   if (B < 1 || Hkv < 1 || Hq % Hkv || D < 2 || D > 512 || D % 2 || Dp < D || bs < VEC || bs % VEC) return -1;
+  if (dtype != 0 && dtype != 1) return -1;
   for (int64_t b = 0; b < B; ++b) {
     if (pos[b] < 0) return -1;
     for (int64_t n = 0; n <= pos[b] / bs; ++n)
       if (bt[b * bt_stride + n] < 0 || bt[b * bt_stride + n] >= nblocks) return -1;
   }
-  run_paged(qkv, nw, cos, sins, rope_stride, cache, bt, bt_stride, pos, bs, Dp, out, B, Hq, Hkv, D, eps, scale, nt);
+  if (dtype == 0)
+    run_paged<float>((const float*)qkv, (const float*)nw, (const float*)cos, (const float*)sins, rope_stride,
+                     (float*)cache, bt, bt_stride, pos, bs, Dp, (float*)out, B, Hq, Hkv, D, eps, scale, nt);
+  else
+    run_paged<uint16_t>((const uint16_t*)qkv, (const uint16_t*)nw, (const uint16_t*)cos, (const uint16_t*)sins,
+                        rope_stride, (uint16_t*)cache, bt, bt_stride, pos, bs, Dp, (uint16_t*)out, B, Hq, Hkv, D, eps,
+                        scale, nt);
   return 0;
 }
 

@@ -14,7 +14,7 @@
 //
 // bf16 compute (dtype 1): the rows, norms, tables and caches are bf16 and every op is rounded where torch's bf16 op
 // rounds (the matrices' fp32 kernels on the exactly widened rows, rounded once; the adds; SwiGLU's silu and product).
-// The paged entry (vLLM's fp32 cache) is fp32 only.
+// The paged entry (vLLM's "vec" cache) takes both dtypes.
 //
 // Built by build.py as -mavx512f -mfma and -mavx2 -mfma, linked with -lmvec (glibc's vector math).
 #include <stdint.h>
@@ -34,10 +34,10 @@ typedef int (*norm_fn)(const void* x, const void* w, void* y, int64_t rows, int6
 typedef int (*attn_fn)(const void* qkv, const void* nw, const void* cos, const void* sins, int64_t rope_stride,
                        const int64_t* kptr, const int64_t* vptr, const int64_t* cap, const int64_t* pos, void* out,
                        int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps, float scale, int dtype, int nt);
-typedef int (*pattn_fn)(const float* qkv, const float* nw, const float* cos, const float* sins, int64_t rope_stride,
-                        float* cache, const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
-                        int64_t nblocks, float* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps,
-                        float scale, int nt);
+typedef int (*pattn_fn)(const void* qkv, const void* nw, const void* cos, const void* sins, int64_t rope_stride,
+                        void* cache, const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
+                        int64_t nblocks, void* out, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, float eps,
+                        float scale, int dtype, int nt);
 
 extern "C" {
 // Layouts shared with stack.py (ctypes Structures of the same fields, in the same order).
@@ -210,17 +210,20 @@ int omnilab_stack_step(const Kernels* f, const Layer* L, int64_t nl, const void*
   return -1;
 }
 
-// The same over vLLM's paged caches (attn.cpp's omnilab_paged_attn): layer l's cache tensor at caches[l] (nblocks
-// blocks of bs tokens, head size Dp), row b's blocks in bt[b * bt_stride ...], its new token at pos[b].
-int omnilab_stack_step_paged(const Kernels* f, const Layer* L, int64_t nl, const float* x, int64_t B, int64_t H,
-                             const float* cos, const float* sins, int64_t rope_stride, const int64_t* caches,
+// The same over vLLM's paged caches (attn.cpp's omnilab_paged_attn), dtype 0 (fp32) or 1 (bf16, rounded as above):
+// layer l's cache tensor at caches[l] (nblocks blocks of bs tokens, head size Dp), row b's blocks in
+// bt[b * bt_stride ...], its new token at pos[b].
+int omnilab_stack_step_paged(const Kernels* f, const Layer* L, int64_t nl, const void* x, int64_t B, int64_t H,
+                             const void* cos, const void* sins, int64_t rope_stride, const int64_t* caches,
                              const int32_t* bt, int64_t bt_stride, const int64_t* pos, int64_t bs, int64_t Dp,
-                             int64_t nblocks, const float* norm_w, float norm_eps, float* out, int nt) {
+                             int64_t nblocks, const void* norm_w, float norm_eps, void* out, int dtype, int nt) {
   if (f->pattn == nullptr) return -1;
-  return stack_body(f, L, nl, x, B, H, norm_w, norm_eps, out, nt, [&](int64_t l, const Layer& y, const float* qkv,
-                                                                       float* o) {
-    return f->pattn(qkv, (const float*)y.qk, cos, sins, rope_stride, (float*)caches[l], bt, bt_stride, pos, bs, Dp,
-                    nblocks, o, B, y.hq, y.hkv, y.d, y.qk_eps, y.scale, nt);
-  });
+  auto attn = [&](int64_t l, const Layer& y, const void* qkv, void* o) {
+    return f->pattn(qkv, y.qk, cos, sins, rope_stride, (void*)caches[l], bt, bt_stride, pos, bs, Dp, nblocks, o, B,
+                    y.hq, y.hkv, y.d, y.qk_eps, y.scale, dtype, nt);
+  };
+  if (dtype == 0) return stack_body(f, L, nl, (const float*)x, B, H, norm_w, norm_eps, (float*)out, nt, attn);
+  if (dtype == 1) return stack_body(f, L, nl, (const uint16_t*)x, B, H, norm_w, norm_eps, (uint16_t*)out, nt, attn);
+  return -1;
 }
 }

@@ -56,7 +56,7 @@ STEP_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _pt
 
 # f, L, nl, x, B, H, cos, sins, rope_stride, caches, bt, bt_stride, pos, bs, Dp, nblocks, norm_w, norm_eps, out, nt
 PAGED_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _ptr,
-                  _f32, _ptr, ctypes.c_int]
+                  _f32, _ptr, ctypes.c_int, ctypes.c_int]
 
 
 def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)

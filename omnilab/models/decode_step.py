@@ -197,6 +197,15 @@ def _weight(mod) -> Any:
 _STACK_CODES = {torch.float32: 0, torch.bfloat16: 1}  # stack.cpp's dtype argument
 
 
+def _torch_bf16_linears(dtype: torch.dtype, plans) -> bool:
+    """Whether bf16 compute's general path runs these bf16 matrices through torch's linears (the path timing chose
+    torch over the kernel): then the one-call stack, whose matrices go through the kernel, is not the same calls."""
+    if dtype != torch.bfloat16 or not any(p["bf16_weights"] for p in plans):
+        return False
+    from omnilab.kernels.gemv import _paths
+    return _paths().bf16_decode != "kernel"
+
+
 def _inputs_fit(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, caches, stack: bool = False) -> bool:
     """Whether one step's inputs are what the direct calls take: fp32 contiguous rows (at most ``fuse.MAX_ROWS``),
     fp32 caches, no autograd or torch.compile, fused projections and the decode step on. ``stack``: the one-call
@@ -266,11 +275,7 @@ class StackStep:
         ready = self._ready(layers, norm, recheck)
         if ready is not None and ready[1][0]["dtype"] != x.dtype:
             return None
-        if ready is not None and x.dtype == torch.bfloat16 and any(p["bf16_weights"] for p in ready[1]):
-            from omnilab.kernels.gemv import _paths
-            if _paths().bf16_decode != "kernel":  # the general path's bf16 linears are torch's: not the same calls
-                return None
-        if ready is None:
+        if ready is None or _torch_bf16_linears(x.dtype, ready[1]):
             return None
         lib, plans = ready
         b, _, hdim = x.shape
@@ -301,31 +306,34 @@ class StackStep:
     def paged(self, layers, norm, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
               caches: Sequence[torch.Tensor], block_table: torch.Tensor, positions: Sequence[int],
               recheck: bool = True) -> torch.Tensor | None:
-        """The same step over vLLM's paged fp32 caches (``attn.cpp``'s layout note): ``x`` [B, H] fp32, ``cos`` /
-        ``sin_signed`` [B, D] (each row's position), ``caches[l]`` layer l's [blocks, Hkv, bs, 2 Dp] tensor,
-        ``block_table`` [>= B, max_blocks] int32, ``positions[b]`` where row b's token goes. -> [B, H], or None where
-        it does not apply (the caller runs vLLM's layers)."""
-        if (x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() or cos.dtype != torch.float32
-                or not cos.is_contiguous() or not sin_signed.is_contiguous() or torch.compiler.is_compiling()
-                or (torch.is_grad_enabled() and x.requires_grad) or not fuse.enabled() or not enabled()
-                or x.shape[0] > fuse.MAX_ROWS or block_table.dtype != torch.int32 or block_table.stride(1) != 1
-                or len(caches) != len(layers)
-                or any(c.dtype != torch.float32 or c.dim() != 4 or not c.is_contiguous() for c in caches)):
+        """The same step over vLLM's paged "vec" caches (``attn.cpp``'s layout note): ``x`` [B, H] fp32 or bf16 (the
+        stack's dtype, as ``cos`` / ``sin_signed`` [B, D], each row's position, and the caches), ``caches[l]`` layer
+        l's [blocks, Hkv, bs, 2 Dp] tensor, ``block_table`` [>= B, max_blocks] int32, ``positions[b]`` where row b's
+        token goes. -> [B, H], or None where it does not apply (the caller runs vLLM's layers)."""
+        dt = x.dtype
+        if (x.dim() != 2 or dt not in _STACK_CODES or not x.is_contiguous() or cos.dtype != dt
+                or sin_signed.dtype != dt or not cos.is_contiguous() or not sin_signed.is_contiguous()
+                or torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad)
+                or not fuse.enabled() or not enabled() or x.shape[0] > fuse.MAX_ROWS
+                or block_table.dtype != torch.int32 or block_table.stride(1) != 1 or len(caches) != len(layers)
+                or any(c.dtype != dt or c.dim() != 4 or not c.is_contiguous() for c in caches)):
             self._valid = False
             return None
         ready = self._ready(layers, norm, recheck)
-        if ready is None or ready[1][0]["dtype"] != torch.float32 or getattr(ready[1][0]["alib"], "paged", None) is None:
+        if ready is None or ready[1][0]["dtype"] != dt or getattr(ready[1][0]["alib"], "paged", None) is None:
+            return None
+        if _torch_bf16_linears(dt, ready[1]):
             return None
         lib, plans = ready
         b, hdim = x.shape
         n = len(plans)
         nblocks, _, bs, two_dp = caches[0].shape
-        out = torch.empty(b, hdim)
+        out = torch.empty(b, hdim, dtype=dt)
         rc = lib.step_paged(ctypes.byref(self._kernels), self._records, n, x.data_ptr(), b, hdim, cos.data_ptr(),
                             sin_signed.data_ptr(), plans[0]["heads"][2], (ctypes.c_int64 * n)(*[c.data_ptr() for c in caches]),
                             block_table.data_ptr(), block_table.stride(0), (ctypes.c_int64 * b)(*positions), bs,
                             two_dp // 2, nblocks, norm.weight.data_ptr(), norm.eps, out.data_ptr(),
-                            torch.get_num_threads())
+                            _STACK_CODES[dt], torch.get_num_threads())
         if rc:
             raise RuntimeError(f"omnilab_stack_step_paged: kernel call {rc} rejected its arguments (B={b}, H={hdim}, "
                                f"{n} layers, positions {list(positions)}, cache {tuple(caches[0].shape)})")

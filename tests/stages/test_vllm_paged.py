@@ -30,14 +30,21 @@ def _lib():
     return lib
 
 
+# (omnilab paged vs omnilab contiguous, omnilab vs vLLM) tolerances per dtype. fp32: fp32 rounding of another
+# summation order (1e-5); vLLM's own exp and order (1e-4). bf16: the same fp32 sums before one rounding to bf16, so
+# an output may land one bf16 ulp apart (2^-8 relative: 8e-3); vLLM's bf16 attention rounds on its own path as well
+# (3e-2). A wrong layout gives errors of the values' size, ~1.
+TOL = {torch.float32: (1e-5, 1e-4), torch.bfloat16: (8e-3, 3e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("hq,hkv,d,dp,bs", [(4, 2, 16, 32, 32), (16, 8, 128, 128, 128), (8, 2, 64, 64, 32)])
-def test_layout_is_the_one_vllms_ops_write_and_read(hq, hkv, d, dp, bs):
-    """Prefix tokens written by vLLM's ``cpu_attn_reshape_and_cache`` ("vec" ISA, fp32, heads zero-padded to Dp as
-    the talker pads them), the new token by omnilab's kernel: vLLM's ``cpu_attention_with_kv_cache`` over that cache
-    gives omnilab's output, and omnilab's contiguous kernel over the same rows too. Tolerances: omnilab vs omnilab,
-    fp32 rounding of another summation order (rtol 1e-5); vs vLLM 1e-4 (its own exp and order; a wrong layout
-    gives errors of the values' size, ~1)."""
+def test_layout_is_the_one_vllms_ops_write_and_read(hq, hkv, d, dp, bs, dtype):
+    """Prefix tokens written by vLLM's ``cpu_attn_reshape_and_cache`` ("vec" ISA, heads zero-padded to Dp as the
+    talker pads them), the new token by omnilab's kernel: vLLM's ``cpu_attention_with_kv_cache`` over that cache
+    gives omnilab's output, and omnilab's contiguous kernel over the same rows too (``TOL``)."""
     lib = _lib()
+    own_tol, vllm_tol = TOL[dtype]
     g = torch.Generator().manual_seed(0)
     positions = [3, 45, 160]
     b, nblocks = len(positions), 16
@@ -48,40 +55,41 @@ def test_layout_is_the_one_vllms_ops_write_and_read(hq, hkv, d, dp, bs):
     for i, n in enumerate(need):
         table[i, :n] = order[at:at + n].to(torch.int32)
         at += n
-    cache = torch.zeros(nblocks, hkv, bs, 2 * dp)
+    cache = torch.zeros(nblocks, hkv, bs, 2 * dp, dtype=dtype)
     kc, vc = cache.view(nblocks, hkv, 2 * bs, dp).chunk(2, dim=2)
-    ks = [torch.randn(p, hkv, d, generator=g) for p in positions]
-    vs = [torch.randn(p, hkv, d, generator=g) for p in positions]
+    ks = [torch.randn(p, hkv, d, generator=g).to(dtype) for p in positions]
+    vs = [torch.randn(p, hkv, d, generator=g).to(dtype) for p in positions]
     pad = lambda t: torch.nn.functional.pad(t, (0, dp - d))  # noqa: E731
     for i, p in enumerate(positions):
         slots = torch.tensor([int(table[i, j // bs]) * bs + j % bs for j in range(p)], dtype=torch.int64)
         ops.cpu_attn_reshape_and_cache(pad(ks[i]), pad(vs[i]), kc, vc, slots, "vec", k_scale=1.0, v_scale=1.0,
                                        kv_cache_dtype="auto")
-    qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=g)
-    nw = torch.ones(hq + hkv, d)
-    cos, sin = torch.ones(b, d), torch.zeros(b, d)  # RoPE as the identity: q below is the normed q
+    qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    nw = torch.ones(hq + hkv, d, dtype=dtype)
+    cos, sin = torch.ones(b, d, dtype=dtype), torch.zeros(b, d, dtype=dtype)  # RoPE as the identity: q is normed q
     got = attention.paged_attention(lib, qkv, nw, EPS, cos, sin, cache, table, positions, hq, hkv, d, d ** -0.5)
 
     # omnilab's contiguous kernel over the same rows
-    kbufs = [torch.cat([k.transpose(0, 1), torch.zeros(hkv, 1, d)], 1).contiguous() for k in ks]
-    vbufs = [torch.cat([v.transpose(0, 1), torch.zeros(hkv, 1, d)], 1).contiguous() for v in vs]
+    kbufs = [torch.cat([k.transpose(0, 1), torch.zeros(hkv, 1, d, dtype=dtype)], 1).contiguous() for k in ks]
+    vbufs = [torch.cat([v.transpose(0, 1), torch.zeros(hkv, 1, d, dtype=dtype)], 1).contiguous() for v in vs]
     want = attention.decode_attention(qkv[:, None].contiguous(), nw, EPS, cos[:, None].contiguous(),
                                       sin[:, None].contiguous(), kbufs, vbufs, positions, hq, hkv, d, d ** -0.5)
-    torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-5)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want[:, 0], rtol=own_tol, atol=own_tol)
 
     # vLLM's attention over the cache omnilab wrote into
     q = rms_norm_torch(qkv[:, :hq * d].view(b, hq, d), nw[:hq], EPS)
     seq_lens = torch.tensor([p + 1 for p in positions], dtype=torch.int32)
     qsl = torch.arange(b + 1, dtype=torch.int32)
     meta = ops.cpu_attn_get_scheduler_metadata(num_reqs=b, num_heads=hq, num_kv_heads=hkv, head_dim=dp,
-                                               seq_lens=seq_lens, dtype=torch.float32, query_start_loc=qsl,
+                                               seq_lens=seq_lens, dtype=dtype, query_start_loc=qsl,
                                                causal=True, sliding_window_size=-1, isa="vec", enable_kv_split=False)
-    out = torch.empty(b, hq, dp)
+    out = torch.empty(b, hq, dp, dtype=dtype)
     ops.cpu_attention_with_kv_cache(query=pad(q).contiguous(), key_cache=kc, value_cache=vc, output=out,
                                     query_start_loc=qsl, seq_lens=seq_lens, scale=d ** -0.5, causal=True,
                                     alibi_slopes=None, sliding_window=-1, block_table=table, softcap=0.0,
                                     scheduler_metadata=meta, s_aux=None)
-    torch.testing.assert_close(got.view(b, hq, d), out[..., :d], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.view(b, hq, d), out[..., :d], rtol=vllm_tol, atol=vllm_tol)
     assert not out[..., d:].any()  # the pads omnilab wrote are zero (vLLM's output over them is 0)
 
 
@@ -129,3 +137,19 @@ def test_concurrent_rows_equal_solo(stage):
     assert _paged_steps(st) > before
     for i in range(2):
         assert torch.equal(torch.stack(frames[f"pair{i}"]), solo[i]), i
+
+
+def test_a_bf16_talker_gets_the_vec_layout_and_takes_the_paged_stack(tiny_ckpt):
+    """bf16 compute: the worker has vLLM lay its caches out as "vec" (where AMX CPUs would get "amx", which the
+    kernel does not read), so every decode step after the prefill runs the one-call stack. Codes are not compared
+    with eager's here: the prefill runs vLLM's bf16 attention, which rounds on its own path (the bound between the
+    two is tests/stages/test_vllm_bf16.py's)."""
+    _lib()
+    model = load_model(tiny_ckpt("custom_voice"), dtype="bfloat16")
+    with VllmTalkerStage(model, VllmStageConfig(max_model_len=256, block_size=32, max_num_seqs=2)) as st:
+        vm = st.runner.model
+        assert {a.isa for a in vm.stack.attn} == {"vec"}
+        preq, _ = build_request(model, user_requests("custom_voice")[0])
+        got, _ = vllm_run(st, preq, greedy(model))
+        assert vm.paged_steps == got.shape[0] - 1 and got.shape[0] > 1
+        assert all(c.dtype == torch.bfloat16 for c in vm._caches_checked)
