@@ -153,13 +153,13 @@ def compare(ref: Any, test_pipe: Any, texts: str | Sequence[str] | None = None, 
         if texts is not None or generation or c0_scores != "processed":
             raise InputError("compare(reference_run, test_pipe) takes no texts or generation keywords: the "
                              "ReferenceRun has its own; accepted: compare(run, test_pipe)")
+        _check_pair(ref.pipe, test_pipe)
         run = ref
     else:
         if texts is None:
             raise InputError("texts is missing; give at least one sentence (or a ReferenceRun as ref)")
-        _check_pair(ref, test_pipe)
+        _check_pair(ref, test_pipe)  # before the reference's greedy runs
         run = reference(ref, texts, c0_scores=c0_scores, **generation)
-    _check_pair(run.pipe, test_pipe)
     test_talker, cfg = forcing_talker(test_pipe), run.pipe.model.config
     seconds = {"reference": 0.0, "forcing": 0.0, "decode": 0.0}
     t_start = time.perf_counter()

@@ -171,8 +171,8 @@ class OmnilabTalkerForVLLM(nn.Module):
     def _paged_decode(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         """A decode-only step (one token per request) through omnilab's one-call stack over vLLM's paged caches
         (``StackStep.paged``: the eager talker's kernels, ``attn.cpp``'s paged attention), or None where it does not
-        apply (a prefill in the batch, no forward context, a cache layout other than fp32 "vec", a geometry or
-        dtype the kernels do not take): then vLLM's attention layers run."""
+        apply (a prefill in the batch, no forward context, a cache layout other than "vec" of the talker's dtype, a
+        geometry or dtype the kernels do not take): then vLLM's attention layers run."""
         st = self.stack
         try:
             md_all = get_forward_context().attn_metadata
