@@ -9,10 +9,10 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
   ``+inductor`` (the code predictor's MLPs compiled by inductor), and environment switches set while the
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
   ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` / ``+int4-g32`` / ``+int4-g64`` (decode
-  matrices quantized at load), ``+int8-acts`` / ``+fp32-acts`` (their activations); ``+fp32-code2wav`` / ``+bf16-code2wav`` set code2wav's dtype
-  (``OMNILAB_CODE2WAV_DTYPE``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute dtype (``+auto``: what a user
-  who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses configurations with ``--quantization`` and
-  ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and
+  matrices quantized at load), ``+int8-acts`` / ``+fp32-acts`` (their activations); ``+fp32-code2wav`` /
+  ``+bf16-code2wav`` set code2wav's dtype (``OMNILAB_CODE2WAV_DTYPE``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for
+  that compute dtype (``+auto``: what a user who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses
+  configurations with ``--quantization`` and ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and
   ``vllm-workers-inductor`` (the former script's names) are aliases.
 
 ``measure`` runs one round of a built configuration: a warm-up request, then each concurrency point

@@ -8,8 +8,9 @@ agreement and KL, per-codebook agreement of the code predictor, code2wav's wavef
 the first ``FIDELITY_TEXTS`` prompts at the bench's frame count: 8 x 33 = 264 frames at ``--frames 32``, so the
 first-codebook agreement's 95 % interval (``c0_agreement_ci95``, pooled frames) is about +-3 points near 0.91 (two
 texts, as before the eleventh session, left it 15 points wide; docs/quality.md#how-many-frames-an-agreement-needs).
-The reference side runs once (:func:`omnilab.quality.reference`) for every setting compared. The reference is eager, float32, unquantized, with
-a float32 code2wav (``OMNILAB_CODE2WAV_DTYPE=float32``); a test pipeline gets the environment the rows ran under.
+The reference side runs once (:func:`omnilab.quality.reference`) for every setting compared. The reference is
+eager, float32, unquantized, with a float32 code2wav (``OMNILAB_CODE2WAV_DTYPE=float32``); a test pipeline gets the
+environment the rows ran under.
 
 ``--fidelity auto`` measures when some row's numerics differ from the reference's, ``on`` always, ``off`` never.
 Each row gets ``fidelity``: ``{c0_agreement, c0_kl_mean, cp_agreement, wave_snr_db, c0_agreement_ci95, texts, frames,

@@ -6,8 +6,8 @@ The JSON (``BenchResult.to_dict``; read back with ``load_bench``):
   variables it ran under; ``meta``: machine, checkpoint, settings, bandwidth probe, bytes per frame, notes;
 - ``points``: one per configuration in a fixed shape (``BenchResult.points``: backend, dtype asked and run,
   quantization, ms per frame, RTF, frames/s, TTFA, ``effective_gbps`` at one stream and ``n_effective_gbps`` at the
-  largest concurrency (weight bytes per step / step time: N rows share one read), ``fidelity``), beside ``gemv_gbps`` and
-  ``stream_read_gbps`` (the machine's bandwidth probes);
+  largest concurrency (weight bytes per step / step time: N rows share one read), ``fidelity``), beside
+  ``gemv_gbps`` and ``stream_read_gbps`` (the machine's bandwidth probes);
 - ``rows``: one per configuration (and the reference row), each with the keys the table prints
   (``TABLE_COLUMNS``) and more (labels, ranges over rounds, code2wav chunk costs);
 - ``rounds``: per round, the order the configurations ran in and the floor measured before it;

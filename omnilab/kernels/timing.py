@@ -102,6 +102,7 @@ def path_times(threads: int | None = None, env: str | None = None) -> PathTimes 
     key, parts = _key(threads, gemv_choice().library)
     if key in _MEMO and mode != "refresh":
         return _MEMO[key]
+
     def run():
         got = measure(threads, lib=_SLOT.loaded(), call=_call)
         times = PathTimes(got.decode, got.prefill, got.matrix_bytes, got.prefill_rows, threads, key, extra=got.extra)

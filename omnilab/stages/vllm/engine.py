@@ -39,8 +39,7 @@ from omnilab.stages.base import DEFAULT_MAX_NEW_TOKENS_LIMIT, FrameOutput
 from omnilab.errors import InputError, UnsupportedError, WorkerError
 from omnilab.models.prompt import PromptRequest, prompt_length
 from omnilab.sampling import SamplingParams
-from omnilab.stages.vllm import liveness, payload as vllm_payload
-from omnilab.stages.vllm.imports import drop_import_tracebacks
+from omnilab.stages.vllm import imports, liveness, payload as vllm_payload
 from omnilab.stages.vllm.config import (VllmStageConfig, compile_predictor_flag, engine_env, engine_kwargs,
                                         kv_bytes_per_token)
 from omnilab.stages import lifecycle
@@ -153,7 +152,7 @@ class VllmTalkerStage:
                 unshare_talker(self._share_key)
                 self._share_key = None
         self.init_s = time.perf_counter() - t0
-        drop_import_tracebacks()  # else vLLM's first import pins these frames, and this stage, for good
+        imports.drop_import_tracebacks()  # else vLLM's first import pins these frames, and this stage, for good
         if not c.multiprocess:
             self._wrap_scheduler(engine)
         elif c.engine_core_nice:
@@ -166,6 +165,7 @@ class VllmTalkerStage:
         if sched is None:
             return
         inner = sched.schedule
+
         def timed_schedule(*a, **kw):
             t0 = time.perf_counter()
             try:
