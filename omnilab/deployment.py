@@ -260,6 +260,11 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     profile = resolve_pipeline_profile(checkpoint_dir, deploy_profile, dtype=dtype, num_threads=num_threads,
                                        max_concurrency=max_concurrency, model_config=model_config,
                                        quantization=quantization)
+    if backend == "vllm" and profile is not None and profile.talker_tp_size.value > 1:
+        import warnings  # ranks on one NUMA node run (testing, study) but gain nothing: said where it runs
+        for note in profile.warnings:
+            if "tensor parallelism" in note:
+                warnings.warn(f"omnilab: {note}", UserWarning, stacklevel=3)
     if backend == "eager":
         mode, why = "inprocess", "the eager backend runs both stages in this process"
     elif deploy is not None and not isinstance(deploy, str):  # an explicit VllmDeploy / VllmStageConfig / dict
@@ -267,6 +272,9 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     elif deploy in (None, "auto"):
         if profile is None:
             mode, why = "inprocess", "no deploy profile: the engine runs in this process"
+        elif profile.talker_tp_size.value > 1:
+            mode, why = "workers", (f"the profile's talker has {profile.talker_tp_size.value} tensor-parallel "
+                                    f"ranks, one vLLM worker process each")
         elif profile.mode.value == "split":
             mode, why = "workers", "the profile gives each stage its own CPUs (mode split)"
         else:
@@ -277,7 +285,13 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
         why = f"deploy={deploy!r}"
     not_applied: tuple[tuple[str, str], ...] = ()
     if profile is not None and mode == "inprocess":
+        if backend == "vllm" and profile.talker_tp_size.value > 1:
+            raise InputError(f"deploy={deploy!r}: the profile's talker has {profile.talker_tp_size.value} "
+                             f"tensor-parallel ranks, one vLLM worker process each; use deploy='workers' or 'auto'")
         profile, not_applied = fit_in_process(profile)
+        if profile.talker_tp_size.value > 1:  # the eager backend: one talker, in this process
+            not_applied += (("talker_tp_size", "the eager backend runs one talker in this process; tensor "
+                             "parallelism runs with backend='vllm' in worker processes"),)
     sched = chunk_schedule if chunk_schedule is not None else (_chunk_schedule(profile) if profile else None)
     load_dtype = profile.dtype.value if profile is not None else dtype
     threads = num_threads if profile is None else profile.threads("talker")
@@ -348,43 +362,6 @@ def fit_in_process(profile, affinity: set[int] | None = None):
         out.append(("preload", f"LD_PRELOAD={':'.join(profile.preload.value)} applies only to processes started "
                     f"with it; this process is already running (deploy='workers' starts its workers with it)"))
     return profile, tuple(out)
-
-
-def check_stages(profile, processes: dict[int, str], info: dict[str, Any],
-                 not_applied: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    """Compare each stage with ``profile`` where it runs: a worker process (``processes`` role == stage) by
-    reading back its affinity and threads (``info[stage]()`` reports its torch threads); a stage in this
-    process by the torch threads it runs with (the talker: this process's; code2wav: what its stage reports
-    for its calls). Raises ``WorkerError`` naming every difference. Returns ``{stage: ProcessReadback |
-    threads}`` plus ``"not_applied": {field: reason}`` for what the placement cannot honour."""
-    import torch
-
-    from omnilab.errors import WorkerError
-    from omnilab.profiles.readback import check_process
-
-    roles = {role: pid for pid, role in processes.items()}
-    out: dict[str, Any] = {}
-    diffs: list[str] = []
-    for stage in ("talker", "code2wav"):
-        fn = info.get(stage)
-        if stage in roles:
-            try:
-                out[stage] = check_process(profile, stage, roles[stage],
-                                           reported_threads=fn()["torch_threads"] if fn else None)
-            except WorkerError as e:
-                diffs.append(str(e))
-            continue
-        got = torch.get_num_threads()
-        if stage == "code2wav" and fn is not None:
-            got = fn()["torch_threads"]
-        want = profile.threads(stage)
-        if got != want:
-            diffs.append(f"{stage} runs in this process with {got} torch threads; the profile says {want}")
-        out[stage] = got
-    if diffs:
-        raise WorkerError("; ".join(diffs))
-    out["not_applied"] = dict(not_applied)
-    return out
 
 
 class PipelineRepr:

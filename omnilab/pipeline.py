@@ -176,7 +176,7 @@ class Pipeline(OwnedRequests, PipelineRepr):
         Returns ``{stage: ProcessReadback}`` for stages in worker processes, ``{stage: threads}`` for stages
         in this process, and ``"not_applied": {field: reason}`` for profile fields the placement cannot
         honour (e.g. CPU pinning in-process); raises ``WorkerError`` listing every difference from the plan."""
-        from omnilab.deployment import check_stages
+        from omnilab.profiles.readback import check_stages
 
         if self.profile is None:
             raise InputError("this Pipeline has no deploy profile (built with deploy_profile=None)")

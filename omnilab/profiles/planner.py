@@ -13,7 +13,6 @@ cannot honour raise ``ConfigError`` naming the value.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,12 @@ from omnilab.hardware import GiB, HardwareInfo, format_cpulist, probe_hardware
 from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, FRAME_MS, SHARED_PENALTY, CostModel, ModelGeometry, StageTimes,
                                    bandwidth_from_times, code2wav_dtype_for, doubling_ramp, estimate)
 from omnilab.profiles.memory import kv_budget
-from omnilab.profiles.overrides import NOBIND, Overrides, vllm_reserved_cores
+from omnilab.profiles.overrides import NOBIND, Overrides
 from omnilab.profiles.quantization import quantization_field
 from omnilab.profiles.profile import DeployProfile, Resolved
+import omnilab.profiles.tensor_parallel as tp_estimate
+from omnilab.profiles.pools import reserve
 
-RESERVE_FROM_CORES = 8                     # reserve a front-end core only when the compute budget is >= this
 EASY_SHARE = 0.5  # a shared layout this far under real time is kept (one process) even where a split is faster
 NEAR_BEST = 1.03
 FIRST_CHOICES, STEADY_CHOICES = (1, 2, 3, 4, 6, 8, 12), (8, 12, 16, 25, 32, 50)
@@ -106,11 +106,12 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     dtype, quant = _dtype(hw, ov, path_times), quantization_field(geo, ov)
     cost = CostModel.build(geo, hw, dtype.value, stage_times, quant.value, bandwidth_from_times(path_times),
                            code2wav_dtype_for(hw, dtype.value if dtype.source != "auto" else "", env))
-    reserved, pools, budget = _reserve(hw, ov)
+    reserved, pools, budget = reserve(hw, ov)
     placed = _place(hw, cost, ov, reserved.value, pools, budget)
-    tp = placed["talker_tp_size"].value
-    cost_tp = dataclasses.replace(cost, talker_ms_1=cost.talker_ms_1 / tp) if tp > 1 else cost
+    tp, nt = placed["talker_tp_size"].value, placed["talker_threads"].value
     nodes = [hw.node_of(r[0]) for r in placed["talker_cpus"].value]
+    scale = tp_estimate.talker_ms(cost, nt, tp, len(set(nodes)) == tp) / cost.talker_ms(nt)
+    cost_tp = dataclasses.replace(cost, talker_ms_1=cost.talker_ms_1 * scale) if tp > 1 else cost
     mem, cap = kv_budget(hw, geo, dtype.value, ov, nodes)
     chunks, est = _chunking(cost_tp, geo, ov, placed)
     pinned = (ov.get("talker_cpus") or (None,))[0] != NOBIND
@@ -143,50 +144,11 @@ def _dtype(hw: HardwareInfo, ov: Overrides, times: Any = None) -> Resolved[str]:
     return Resolved(value, reason, "auto")
 
 
-# ---------------------------------------------------------------- reserved CPUs and core pools
-def _reserve(hw: HardwareInfo, ov: Overrides):
-    cores = hw.usable_cores
-    if not cores:
-        raise ConfigError(f"no usable CPU: affinity mask {format_cpulist(hw.affinity_cpus)!r} holds no online CPU")
-    quota_note = f" (cgroup quota {hw.cpu_quota:g} CPUs)" if hw.cpu_quota and hw.cpu_quota < len(cores) else ""
-    budget = max(1, min(math.floor(hw.cpu_limit), len(cores)))
-    o, bind = ov.get("reserved_cpus"), ov.get("talker_cpus")
-    if o and isinstance(o[0], int):
-        tpo = ov.get("talker_tp_size")
-        reserved = vllm_reserved_cores(hw, o[0], o[1], bind, tpo[0] if tpo else 1)
-    elif o:
-        if bind and bind[0] == NOBIND and o[0]:
-            raise ConfigError(f"reserved_cpus {format_cpulist(o[0])!r} ({o[1]}) cannot be kept free: talker_cpus "
-                              f"'nobind' ({bind[1]}) leaves the talker's threads unpinned on every usable CPU; "
-                              f"bind CPU lists instead or drop the reservation")
-        reserved = Resolved(o[0], _set(o[1], "kept free for the notebook kernel / front-end"), o[1])
-    elif bind and bind[0] == NOBIND:
-        reserved = Resolved((), f"none: talker_cpus 'nobind' ({bind[1]}) lets the talker's threads run on every "
-                            f"usable CPU, so none can be kept free")
-    elif budget >= RESERVE_FROM_CORES:
-        first = cores[0]
-        reserved = Resolved(first.cpus, f"1 physical core (CPU {format_cpulist(first.cpus)}) kept for the notebook "
-                            f"kernel / vLLM front-end, as vLLM recommends; {budget} cores of compute{quota_note}")
-    else:
-        reserved = Resolved((), f"none: {budget} CPU(s) of compute{quota_note} < {RESERVE_FROM_CORES}; the front-end "
-                            f"needs ~0.1 ms per step, a reserved core would cost {1 / budget:.0%} of the compute")
-    taken = set(reserved.value)
-    pools: dict[int, list[int]] = {}
-    for c in cores:
-        if not taken & set(c.cpus):
-            pools.setdefault(c.node, []).append(c.cpus[0])
-    if not pools:
-        raise ConfigError(f"no CPU left for the stages after reserving {format_cpulist(taken)} "
-                          f"(usable: {format_cpulist(hw.usable_cpus)})")
-    budget = min(budget, sum(map(len, pools.values())))
-    return reserved, pools, budget
-
-
 # ---------------------------------------------------------------- placement
-def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = "", threads: int = 0) -> _Cand:
+def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = "", threads: int = 0,
+           own_nodes: bool = True) -> _Cand:
     tp, nt, nc = len(ranks), threads or len(ranks[0]), len(c2w)
-    allreduce = 0.0 if tp == 1 else 0.05 * 2 * (cost.geometry.talker_layers + 15 * cost.geometry.predictor_layers)
-    t = cost.talker_ms(nt) / tp + allreduce
+    t = tp_estimate.talker_ms(cost, nt, tp, own_nodes)  # profiles/tensor_parallel.py: what the ranks split
     # shared: a shared plan runs in one process by default (deploy=None), where the stages take turns (lock-step)
     # and code2wav uses the talker's nt threads (deployment.fit_in_process); its worker-process layout (nc threads
     # on the talker's last CPUs) is stated in the reason
@@ -202,9 +164,13 @@ def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
                                                                       "code2wav_cpus"))
     tp = len(ranks_f) if ranks_f else tp or 1
     nodes = sorted(pools, key=lambda n: (-len(pools[n]), n))
+    node_of = {c: n for n, cs in pools.items() for c in cs}
     talkers = []  # (ranks, node ids)
     if ranks_f:
         talkers.append((ranks_f, None))
+    elif tp > len(nodes):  # an explicit request for more ranks than nodes: ranks share a node (testing, study)
+        talkers += [(r, sorted({node_of[c] for x in r for c in x})) for r in
+                    tp_estimate.single_node_ranks(pools, tp, nt_f) if sum(map(len, r)) <= budget]
     else:
         for i in range(len(nodes) - tp + 1):  # tp > 1: one rank per node, on the largest nodes
             group = nodes[i:i + tp]
@@ -216,15 +182,16 @@ def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
     for ranks, group in talkers:
         used = {c for r in ranks for c in r}
         where = f"NUMA node {', '.join(map(str, group))}" if group else "the given talker CPUs"
-        if mode_f in (None, "shared") and tp == 1:
+        own = len({node_of.get(r[0], -1 - i) for i, r in enumerate(ranks)}) == tp
+        if mode_f in (None, "shared"):
             for nc in ([nc_f] if nc_f else [1]):
-                c2w = c2w_f or ranks[0][-nc:]
-                if len(ranks[0]) >= nc and set(c2w) <= used:
-                    out.append(_score(cost, "shared", ranks, c2w, where))
+                c2w = c2w_f or ranks[-1][-nc:]  # a tensor-parallel talker's code2wav shares its last rank's CPUs
+                if len(ranks[-1]) >= nc and set(c2w) <= used:
+                    out.append(_score(cost, "shared", ranks, c2w, where, own_nodes=own))
         if mode_f in (None, "split"):
             if c2w_f:  # explicit lists are the caller's choice; check() warns about the quota
                 if not used & set(c2w_f):
-                    out.append(_score(cost, "split", ranks, c2w_f, where))
+                    out.append(_score(cost, "split", ranks, c2w_f, where, own_nodes=own))
                 continue
             for n in nodes:
                 free = [c for c in pools[n] if c not in used]
@@ -232,7 +199,7 @@ def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
                 for nc in ([nc_f] if nc_f else range(1, min(len(free), CODE2WAV_MAX_THREADS // 2) + 1)):
                     if 1 <= nc <= len(free) and len(used) + nc <= budget:
                         c2w = free[-nc:] if same else free[:nc]
-                        out.append(_score(cost, "split", ranks, c2w, where, f"NUMA node {n}"))
+                        out.append(_score(cost, "split", ranks, c2w, where, f"NUMA node {n}", own_nodes=own))
     return out
 
 
@@ -254,13 +221,11 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
             raise ConfigError(f"{k}={got[k][0]} ({got[k][1]}) but the matching CPU list {format_cpulist(lst)!r} "
                               f"has {len(lst)} CPUs (one thread per listed CPU)")
     fixed = {k: got[k] and got[k][0] for k in got}  # field -> the value an override fixes, or None
-    tp = fixed["talker_tp_size"]
-    if tp and tp > 1 and fixed["mode"] == "shared":
-        raise ConfigError(f"mode 'shared' ({got['mode'][1]}) needs talker_tp_size 1, got {tp}")
-    if tp and tp > len(pools) and not ranks_f:
-        raise ConfigError(f"talker_tp_size={tp} ({got['talker_tp_size'][1]}) needs one NUMA node per rank; "
-                          f"this machine has {len(pools)} node(s) with usable cores")
     cands = _candidates(cost, pools, budget, fixed)
+    tp_note = ""
+    if cands and not fixed["talker_tp_size"] and not fixed["talker_cpus"] and len(pools) > 1:
+        multi = _candidates(cost, pools, budget, {**fixed, "talker_tp_size": len(pools)})  # one rank per node
+        cands, tp_note = tp_estimate.propose(cands, multi, len(pools))
     if not cands:
         given = ", ".join(f"{k}={v!r} ({got[k][1]})" for k, v in fixed.items() if v)
         raise ConfigError(f"no CPU placement satisfies {given or 'the defaults'}: usable physical cores per NUMA node "
@@ -283,6 +248,14 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
     out = _explain(pick, alt, got, cost, pools, hw)
     if note:
         out["mode"] = dataclasses.replace(out["mode"], reason=out["mode"].reason + note)
+    if tp_note and len(pick.ranks) == 1:
+        r = out["talker_tp_size"]
+        out["talker_tp_size"] = dataclasses.replace(r, reason=r.reason + tp_note)
+    if len(pick.ranks) > 1:  # the expected gain (or, ranks sharing a node, the warning that there is none)
+        own = len({hw.node_of(r[0]) for r in pick.ranks}) == len(pick.ranks)
+        r = out["talker_tp_size"]
+        out["talker_tp_size"] = dataclasses.replace(r, reason=f"{r.reason}; " + tp_estimate.gain_note(
+            cost, len(pick.ranks[0]), len(pick.ranks), own))
     if bind:
         r = out["talker_cpus"]
         out["talker_cpus"] = Resolved(r.value, f"auto ({bind[1]}): placed by the planner with vLLM's auto-binding "
@@ -350,9 +323,8 @@ def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: Ha
     node_sizes = ", ".join(f"node {n}: {len(p)}" for n, p in sorted(pools.items()))
     return {
         "mode": res("mode", pick.mode, f"{pick.mode}: {why}{vs}"),
-        "talker_tp_size": res("talker_tp_size", tp, "1: at batch 1 a talker step is ~100 small GEMVs per frame; "
-                              "tensor parallelism adds an all-reduce per layer across NUMA nodes, so one node's cores "
-                              "are used (OMNILAB_TALKER_TP=2 puts one rank per node)"),
+        "talker_tp_size": res("talker_tp_size", tp, f"{tp}: " + ("one rank" if tp == 1 else "one rank per NUMA node")
+                              + " (OMNILAB_TALKER_TP=N runs N ranks, one per node where there are N)"),
         "talker_threads": res("talker_threads", nt, f"{nt} thread(s), est. {pick.talker_ms:.0f} ms/frame "
                               f"({cost.source}); usable physical cores per node: {node_sizes}; more threads gain "
                               f"< {NEAR_BEST - 1:.0%} or take cores code2wav needs"),

@@ -224,6 +224,11 @@ class DeployProfile:
             pairs = [c for c in cpus if any(s != c and s in cpus for s in sibling.get(c, ()))]
             if pairs:
                 warnings.append(f"{what} CPU list {format_cpulist(cpus)} holds SMT siblings {format_cpulist(pairs)}")
+        ranks = self.talker_cpus.value
+        if len(ranks) > 1 and len({hardware.node_of(r[0]) for r in ranks}) < len(ranks):
+            warnings.append(f"{len(ranks)} talker ranks share NUMA node(s) "
+                            f"{sorted({hardware.node_of(r[0]) for r in ranks})}: tensor parallelism brings no "
+                            f"memory-bandwidth gain there (the ranks read from the same memory); for testing and study")
         distinct = len({c for r in self.talker_cpus.value for c in r} | set(self.code2wav_cpus.value))
         if distinct > hardware.cpu_limit:
             warnings.append(f"stages use {distinct} CPUs but the cgroup quota allows {hardware.cpu_limit:g}")

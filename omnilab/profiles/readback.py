@@ -6,13 +6,17 @@ the pipeline starts its workers with) and CPU affinity, and sets torch's thread 
 imported. ``read_process(pid)`` reads a process's affinity mask (``os.sched_getaffinity``), its threads
 (``/proc/<pid>/task``), each thread's mask and the ``OMP_NUM_THREADS`` it was started with;
 ``process_environ(pid)`` is the whole environment it was started with (``/proc/<pid>/environ``).
-``compare_process`` lists every difference from the plan (empty list = matches). Linux only; stdlib only.
+``compare_process`` lists every difference from the plan (empty list = matches). ``check_stages`` (what
+``pipe.check_profile()`` returns) checks each stage where it runs: worker processes by their read-back (every
+tensor-parallel talker rank against its own CPU list), a stage in this process by its torch threads. Linux only;
+stdlib only (torch only inside ``check_stages``, already imported there).
 """
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from omnilab.errors import WorkerError
@@ -121,3 +125,45 @@ def apply_to_current_process(profile: DeployProfile, stage: str, *, rank: int = 
     if torch is not None:
         torch.set_num_threads(profile.threads(stage))
     return env
+
+
+def check_stages(profile, processes: dict[int, str], info: dict[str, Any],
+                 not_applied: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """Compare each stage with ``profile`` where it runs: a worker process (``processes`` role == stage) by
+    reading back its affinity and threads (``info[stage]()`` reports its torch threads); a stage in this
+    process by the torch threads it runs with (the talker: this process's; code2wav: what its stage reports
+    for its calls). Raises ``WorkerError`` naming every difference. Returns ``{stage: ProcessReadback |
+    threads}`` plus ``"not_applied": {field: reason}`` for what the placement cannot honour."""
+    import torch
+
+    roles = {role: pid for pid, role in processes.items()}
+    out: dict[str, Any] = {}
+    diffs: list[str] = []
+    for rank in range(1, profile.talker_tp_size.value):  # rank 0 is the "talker" role below
+        pid = roles.get(f"talker-rank{rank}")
+        try:
+            if pid is None:
+                raise WorkerError(f"talker rank {rank} of {profile.talker_tp_size.value} has no process")
+            out[f"talker-rank{rank}"] = check_process(profile, "talker", pid, rank=rank)
+        except WorkerError as e:
+            diffs.append(str(e))
+    for stage in ("talker", "code2wav"):
+        fn = info.get(stage)
+        if stage in roles:
+            try:
+                out[stage] = check_process(profile, stage, roles[stage],
+                                           reported_threads=fn()["torch_threads"] if fn else None)
+            except WorkerError as e:
+                diffs.append(str(e))
+            continue
+        got = torch.get_num_threads()
+        if stage == "code2wav" and fn is not None:
+            got = fn()["torch_threads"]
+        want = profile.threads(stage)
+        if got != want:
+            diffs.append(f"{stage} runs in this process with {got} torch threads; the profile says {want}")
+        out[stage] = got
+    if diffs:
+        raise WorkerError("; ".join(diffs))
+    out["not_applied"] = dict(not_applied)
+    return out

@@ -59,7 +59,9 @@ def test_bind_reaches_the_engine_and_must_agree():
         engine_cpu_env(listed, {"VLLM_CPU_OMP_THREADS_BIND": "all"})
     bare = VllmStageConfig(multiprocess=True)
     assert engine_cpu_env(bare, {}) == {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
-    assert engine_cpu_env(bare, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) == {}  # the environment's value stays
+    assert engine_cpu_env(bare, {"VLLM_CPU_OMP_THREADS_BIND": "0"}) == {}  # the environment's value stays
+    with pytest.raises(ConfigError, match=r"'0\|1' gives 2 rank list\(s\) but the talker runs 1"):
+        engine_cpu_env(bare, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})  # vLLM would assert on it at start
     assert engine_cpu_env(bare, {"VLLM_CPU_OMP_THREADS_BIND": "all"}) == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     free = VllmStageConfig(multiprocess=True, pin_threads=False, talker_threads=2)
     assert engine_cpu_env(free, {"VLLM_CPU_OMP_THREADS_BIND": "all"}) == {"VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -94,8 +96,10 @@ def test_workers_without_a_profile_follow_the_bind_list():
     assert d.talker.talker_cpus == (last,) and d.talker.talker_threads == 1
     assert d.code2wav_process and (len(os.sched_getaffinity(0)) == 1 or last not in d.code2wav_cpus)
     assert engine_cpu_env(d.talker, {"VLLM_CPU_OMP_THREADS_BIND": str(last)})["VLLM_CPU_OMP_THREADS_BIND"] == str(last)
-    with pytest.raises(InputError, match="gives 2 tensor-parallel ranks"):
-        VllmDeploy.multiprocess_default({"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    tp = VllmDeploy.multiprocess_default({"VLLM_CPU_OMP_THREADS_BIND": "0|1"})  # one rank per list
+    assert tp.talker.tensor_parallel_size == 2 and tp.talker.rank_cpus == ((0,), (1,)) and tp.code2wav_cpus == (1,)
+    with pytest.raises(InputError, match="equal length"):
+        VllmDeploy.multiprocess_default({"VLLM_CPU_OMP_THREADS_BIND": "0|1-2"})
 
 
 def _fixture(name: str):

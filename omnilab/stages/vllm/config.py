@@ -41,8 +41,7 @@ WORKER_CLS = "omnilab.stages.vllm.worker.TalkerCPUWorker"
 _GPU_ONLY = {
     "enable_sleep_mode": "sleep mode", "cudagraph_capture_sizes": "CUDA graphs",
     "max_cudagraph_capture_size": "CUDA graphs",
-    "cuda_graph_sizes": "CUDA graphs", "tensor_parallel_size": "tensor parallelism (one worker per stage here)",
-    "pipeline_parallel_size": "pipeline parallelism", "speculative_config": "speculative decoding",
+    "cuda_graph_sizes": "CUDA graphs", "pipeline_parallel_size": "pipeline parallelism", "speculative_config": "speculative decoding",
     "quantization": "quantization", "kv_cache_dtype": "a quantized KV cache", "enable_lora": "LoRA",
 }
 
@@ -55,7 +54,11 @@ class VllmStageConfig:
         multiprocess: spawn vLLM's engine-core and worker processes (thread binding, overlap) instead
             of running everything in this process.
         talker_threads: OpenMP threads of the talker (worker process, or this process in-process).
-        talker_cpus: CPU list of the talker worker (multiprocess; ``VLLM_CPU_OMP_THREADS_BIND``).
+        talker_cpus: CPU list of the talker worker (multiprocess; ``VLLM_CPU_OMP_THREADS_BIND``); with
+            ``tensor_parallel_size > 1`` one CPU list per rank (a tuple of tuples; None: this process's CPUs cut
+            into equal contiguous lists).
+        tensor_parallel_size: talker ranks (vLLM worker processes, multiprocess only), each holding a slice of the
+            decoder's matrices (:mod:`omnilab.stages.vllm.tensor_parallel`); ``engine_kwargs`` may give it too.
         pin_threads: False runs the talker worker's OpenMP threads unpinned (``VLLM_CPU_OMP_THREADS_BIND=nobind``,
             ``OMP_NUM_THREADS=talker_threads``); ``talker_cpus`` must then be None.
         reserved_cpus: CPUs vLLM keeps free for its engine-core process (``VLLM_CPU_NUM_OF_RESERVED_CPU``).
@@ -82,7 +85,8 @@ class VllmStageConfig:
     """
     multiprocess: bool = False
     talker_threads: int | None = None
-    talker_cpus: tuple[int, ...] | None = None
+    talker_cpus: tuple[int, ...] | tuple[tuple[int, ...], ...] | None = None
+    tensor_parallel_size: int = 1
     pin_threads: bool = True
     reserved_cpus: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -106,7 +110,7 @@ class VllmStageConfig:
             if key not in self.engine_kwargs:
                 continue
             value = self.engine_kwargs[key]
-            if (key in ("tensor_parallel_size", "pipeline_parallel_size") and value == 1) or value in (False, None):
+            if (key == "pipeline_parallel_size" and value == 1) or value in (False, None):
                 continue
             raise UnsupportedError(f"{what} is not supported on CPU by omnilab's vLLM talker stage "
                                    f"(engine argument {key!r})")
@@ -121,9 +125,44 @@ class VllmStageConfig:
                              f"(got {sorted(self.env)})")
         if self.block_size % 32:
             raise InputError(f"block_size must be a multiple of 32 for vLLM's CPU attention (got {self.block_size})")
-        if self.talker_cpus is not None and self.talker_threads is not None and \
-                len(self.talker_cpus) != self.talker_threads:
-            raise InputError(f"talker_threads={self.talker_threads} but talker_cpus has {len(self.talker_cpus)} CPUs")
+        self._check_tensor_parallel()
+        for cpus in self.rank_cpus or ():
+            if self.talker_threads is not None and len(cpus) != self.talker_threads:
+                raise InputError(f"talker_threads={self.talker_threads} but talker CPU list {format_cpulist(cpus)!r} "
+                                 f"has {len(cpus)} CPUs (one thread per listed CPU, per rank)")
+
+    def _check_tensor_parallel(self) -> None:
+        given = self.engine_kwargs.get("tensor_parallel_size")
+        if given is not None:
+            if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+                raise InputError(f"engine_kwargs tensor_parallel_size={given!r}: expected a positive integer")
+            if self.tensor_parallel_size not in (1, given):
+                raise InputError(f"tensor_parallel_size={self.tensor_parallel_size} but engine_kwargs gives "
+                                 f"{given}; give it once")
+            object.__setattr__(self, "tensor_parallel_size", given)
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise InputError(f"tensor_parallel_size={tp!r}: expected a positive integer")
+        if tp > 1 and not self.multiprocess:
+            raise InputError(f"a {tp}-rank tensor-parallel talker runs one vLLM worker process per rank: it needs "
+                             f"multiprocess=True (Pipeline deploy='workers')")
+        cpus = self.talker_cpus
+        nested = bool(cpus) and all(isinstance(r, (tuple, list)) for r in cpus)
+        if cpus is not None and (tp > 1) != nested:
+            raise InputError(f"talker_cpus {cpus!r}: expected one CPU list per rank (a tuple of {tp} tuples) for "
+                             f"tensor_parallel_size={tp}" if tp > 1 else
+                             f"talker_cpus {cpus!r}: expected one CPU list (tuple of ints) for one rank")
+        if nested and len(cpus) != tp:
+            raise InputError(f"talker_cpus has {len(cpus)} rank list(s) but tensor_parallel_size is {tp}")
+
+    @property
+    def rank_cpus(self) -> tuple[tuple[int, ...], ...] | None:
+        """The talker's CPU list per rank (None: not pinned to given CPUs)."""
+        if self.talker_cpus is None:
+            return None
+        if self.tensor_parallel_size > 1:
+            return tuple(tuple(r) for r in self.talker_cpus)
+        return (tuple(self.talker_cpus),)
 
 
 def kv_bytes_per_token(tts_config: Any, dtype: Any) -> int:
@@ -183,11 +222,17 @@ def engine_cpu_env(c: VllmStageConfig, environ: Mapping[str, str]) -> dict[str, 
     env: dict[str, str] = {}
     raw = _set_var(environ, "VLLM_CPU_OMP_THREADS_BIND")
     theirs = parse_bind(raw, "VLLM_CPU_OMP_THREADS_BIND") if raw is not None else None
-    ours = NOBIND if not c.pin_threads else (tuple(c.talker_cpus),) if c.talker_cpus else None
+    ours = NOBIND if not c.pin_threads else c.rank_cpus
+    if ours is None and c.pin_threads and c.tensor_parallel_size > 1 and theirs in (None, "auto"):
+        ours = split_ranks(sorted(os.sched_getaffinity(0)), c.tensor_parallel_size, c.talker_threads)
     same = theirs in (None, "auto", ours) or (isinstance(theirs, tuple) and isinstance(ours, tuple) and
-                                               len(theirs) == 1 and set(theirs[0]) == set(ours[0]))
+                                               len(theirs) == len(ours) and
+                                               all(set(a) == set(b) for a, b in zip(theirs, ours)))
+    if isinstance(theirs, tuple) and len(theirs) != c.tensor_parallel_size:
+        raise ConfigError(f"VLLM_CPU_OMP_THREADS_BIND={raw!r} gives {len(theirs)} rank list(s) but the talker runs "
+                          f"{c.tensor_parallel_size} tensor-parallel rank(s)")
     if ours is not None and not same:
-        mine = "nobind" if ours == NOBIND else format_cpulist(ours[0])
+        mine = "nobind" if ours == NOBIND else "|".join(map(format_cpulist, ours))
         raise ConfigError(f"the talker engine is configured to bind {mine!r} but VLLM_CPU_OMP_THREADS_BIND={raw!r} is "
                           f"set, which vLLM would apply; unset it, or plan the profile in this environment")
     bind = ours if ours is not None else theirs
@@ -196,7 +241,7 @@ def engine_cpu_env(c: VllmStageConfig, environ: Mapping[str, str]) -> dict[str, 
         if c.talker_threads is not None:
             env["OMP_NUM_THREADS"] = str(c.talker_threads)  # under nobind vLLM leaves OpenMP to the environment
     elif ours is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpulist(ours[0])
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(map(format_cpulist, ours))  # '|' between ranks
     elif raw is None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"  # vLLM's default, stated (otherwise the environment's value stays)
     count = _set_var(environ, "VLLM_CPU_NUM_OF_RESERVED_CPU")
@@ -207,6 +252,16 @@ def engine_cpu_env(c: VllmStageConfig, environ: Mapping[str, str]) -> dict[str, 
                               f"unset one")
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(c.reserved_cpus)
     return env
+
+
+def split_ranks(cpus: list[int], tp: int, threads: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """``cpus`` cut into ``tp`` contiguous lists of ``threads`` CPUs each (None: as many as fit); fewer CPUs than
+    ranks is an InputError (each rank needs a CPU of its own)."""
+    per = threads or len(cpus) // tp
+    if per < 1 or per * tp > len(cpus):
+        raise InputError(f"a {tp}-rank tensor-parallel talker with {threads or 1} thread(s) per rank needs "
+                         f"{tp * (threads or 1)} CPUs; this process may use {len(cpus)} ({format_cpulist(cpus)})")
+    return tuple(tuple(cpus[i * per:(i + 1) * per]) for i in range(tp))
 
 
 # ---------------------------------------------------------------- what the engine is built with (pure)
@@ -271,7 +326,8 @@ def engine_kwargs(c: VllmStageConfig, environ: Mapping[str, str], *, model_dir: 
         enforce_eager=c.enforce_eager, enable_prompt_embeds=not c.enforce_eager, enable_prefix_caching=False,
         worker_cls=WORKER_CLS, load_format="omnilab", kv_cache_memory_bytes=None if kv is None else int(kv),
         max_num_seqs=c.max_num_seqs, block_size=c.block_size, enable_chunked_prefill=c.enable_chunked_prefill,
-        generation_config="vllm", hf_overrides={}, seed=0, disable_log_stats=True)
+        generation_config="vllm", hf_overrides={}, seed=0, disable_log_stats=True,
+        tensor_parallel_size=c.tensor_parallel_size)
     if c.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
     if c.num_gpu_blocks_override is not None:

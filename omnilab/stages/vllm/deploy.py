@@ -49,22 +49,24 @@ class VllmDeploy:
     @classmethod
     def multiprocess_default(cls, environ: Mapping[str, str] | None = None) -> "VllmDeploy":
         """The no-profile default (``deploy_profile=None`` with ``deploy="workers"``, or ``"multiprocess"``):
-        the talker worker on ``VLLM_CPU_OMP_THREADS_BIND``'s CPU list when the environment sets one (one
-        rank), else on all CPUs of this process's mask but the last; code2wav on the last CPU not given to
+        the talker worker on ``VLLM_CPU_OMP_THREADS_BIND``'s CPU lists when the environment sets them (one
+        tensor-parallel rank per ``|``-separated list), else on all CPUs of this process's mask but the last; code2wav on the last CPU not given to
         the talker (2+ CPUs). With a profile, :meth:`from_profile` is the only road."""
         from omnilab.profiles.overrides import parse_bind
         environ = os.environ if environ is None else environ
         cpus = sorted(os.sched_getaffinity(0))
         raw = (environ.get("VLLM_CPU_OMP_THREADS_BIND") or "").strip()
         bind = parse_bind(raw, "VLLM_CPU_OMP_THREADS_BIND") if raw else None
-        if isinstance(bind, tuple):
-            if len(bind) != 1:
-                raise InputError(f"VLLM_CPU_OMP_THREADS_BIND={raw!r} gives {len(bind)} tensor-parallel ranks; this "
-                                 "stage runs one talker rank")
-            talker = tuple(bind[0])
-            rest = [c for c in cpus if c not in talker]
-            c2w = (rest[-1],) if rest else (talker[-1],)
-            return cls(VllmStageConfig(multiprocess=True, talker_cpus=talker, talker_threads=len(talker)),
+        if isinstance(bind, tuple):  # one list per tensor-parallel rank, of equal length (one thread per CPU)
+            ranks = tuple(tuple(r) for r in bind)
+            if len({len(r) for r in ranks}) != 1:
+                raise InputError(f"VLLM_CPU_OMP_THREADS_BIND={raw!r}: tensor-parallel ranks need CPU lists of equal "
+                                 f"length (one thread per listed CPU), got {[len(r) for r in ranks]}")
+            used = {c for r in ranks for c in r}
+            rest = [c for c in cpus if c not in used]
+            c2w = (rest[-1],) if rest else (ranks[-1][-1],)
+            return cls(VllmStageConfig(multiprocess=True, talker_cpus=ranks if len(ranks) > 1 else ranks[0],
+                                       tensor_parallel_size=len(ranks), talker_threads=len(ranks[0])),
                        code2wav="process", code2wav_cpus=c2w, code2wav_threads=1)
         if len(cpus) < 2:
             return cls(VllmStageConfig(multiprocess=True), code2wav="process")
@@ -79,13 +81,16 @@ class VllmDeploy:
         processes start with is ``profile.to_env("talker")`` and the code2wav worker's ``to_env("code2wav")``
         (what ``to_env`` shows is what the workers get); CPU lists and threads from the profile."""
         args = profile.engine_args("talker")
-        if args.get("tensor_parallel_size", 1) != 1:
-            raise InputError("a tensor-parallel talker (talker_tp_size > 1) is not supported by this stage")
+        tp = int(args.get("tensor_parallel_size", 1))
+        if tp > 1 and not multiprocess:
+            raise InputError(f"the profile's talker has {tp} tensor-parallel ranks, one vLLM worker process each: it "
+                             f"runs with deploy='workers' (or 'auto'), not in this process")
         preload = tuple(profile.preload.value or ())
         pinned = profile.talker_pinned  # False: nobind, the worker's threads are not pinned
+        ranks = tuple(tuple(r) for r in profile.talker_cpus.value)  # one CPU list per tensor-parallel rank
         talker = VllmStageConfig(
-            multiprocess=multiprocess, talker_cpus=tuple(profile.cpus("talker")) if multiprocess and pinned else None,
-            pin_threads=pinned, talker_threads=profile.threads("talker"),
+            multiprocess=multiprocess, talker_cpus=(ranks if tp > 1 else ranks[0]) if multiprocess and pinned else None,
+            tensor_parallel_size=tp, pin_threads=pinned, talker_threads=profile.threads("talker"),
             kv_cache_memory_bytes=int(args["kv_cache_memory_bytes"]), max_num_seqs=int(args["max_num_seqs"]),
             max_model_len=int(args["max_model_len"]), block_size=int(args["block_size"]),
             enforce_eager=bool(args["enforce_eager"]), preload=preload if multiprocess else (),

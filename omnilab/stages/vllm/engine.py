@@ -4,7 +4,8 @@ Contract:
 - ``VllmTalkerStage(model, config)`` builds a ``vllm.LLMEngine`` whose worker is
   :class:`~omnilab.stages.vllm.worker.TalkerCPUWorker`. ``config.multiprocess=False`` runs engine core and
   worker in this process (lock-step ``step()``, fast init, notebooks); ``True`` spawns vLLM's engine-core
-  and worker processes, the worker's OpenMP threads bound to ``config.talker_cpus``.
+  and worker processes, the worker's OpenMP threads bound to ``config.talker_cpus``; ``tensor_parallel_size=N``: N
+  worker processes (ranks, ``talker`` and ``talker-rank<i>`` in ``processes()``), each on its own CPU list.
 - Same methods as :class:`~omnilab.stages.eager.EagerTalkerStage`: ``add_request(request_id,
   PromptRequest, SamplingParams) -> seed``, ``step(return_hidden) -> list[VllmFrameOutput]``, ``abort``,
   ``has_unfinished``, ``num_live``, ``close`` (also a finalizer), ``max_new_tokens_limit``.
@@ -85,7 +86,8 @@ class VllmTalkerStage:
         self._ids = itertools.count()
         self._share_key = None
         self._return_hidden = False
-        self._worker_pid: int | None = None
+        self._worker_pid: int | None = None  # the talker worker (rank 0); _rank_pids: every rank's
+        self._rank_pids: list[int] = []
         self._dead: str | None = None  # why the engine died (every later call raises WorkerError with it)
         self.timeout_s = lifecycle.worker_timeout_s()
         self.schedule_ms = 0.0
@@ -97,7 +99,9 @@ class VllmTalkerStage:
             # The engine core runs steps ahead of step() calls, so a per-step flag could arrive after the
             # frame was computed: across processes the hidden state always travels (4 B x H per frame)
             # and step() drops it unless asked for.
-            self._worker_pid = self.rpc("omnilab_set", None, True).get("pid")
+            ranks = self.rpc("omnilab_set", None, True, all_ranks=True)  # one answer per tensor-parallel rank
+            self._rank_pids = [r.get("pid") for r in ranks]
+            self._worker_pid = self._rank_pids[0]
             self._return_hidden = True
             self.engine.get_supported_tasks()  # cached now: add_request would ask with an untimed call
 
@@ -188,17 +192,19 @@ class VllmTalkerStage:
         w = self.worker
         return None if w is None else w.model_runner
 
-    def rpc(self, method: str, *args: Any, timeout: float | None = None) -> Any:
-        """``collective_rpc`` on the talker worker (one worker) -> its result, within ``timeout`` s (None:
-        ``self.timeout_s``); a dead or silent engine raises WorkerError."""
+    def rpc(self, method: str, *args: Any, timeout: float | None = None, all_ranks: bool = False) -> Any:
+        """``collective_rpc`` on the talker worker (every tensor-parallel rank runs it) -> rank 0's result (the
+        list of every rank's with ``all_ranks``), within ``timeout`` s (None: ``self.timeout_s``); a dead or
+        silent engine raises WorkerError."""
         self._check_live()
         timeout = self.timeout_s if timeout is None else timeout
+        pick = (lambda r: list(r)) if all_ranks else (lambda r: r[0])
         if not self.config.multiprocess:
-            return self.engine.collective_rpc(method, timeout=timeout, args=args)[0]
+            return pick(self.engine.collective_rpc(method, timeout=timeout, args=args))
         if not self._engine_alive():
             raise self._died()
         try:
-            return liveness.timed_rpc(self.engine.engine_core, method, args, timeout, self._engine_alive)[0]
+            return pick(liveness.timed_rpc(self.engine.engine_core, method, args, timeout, self._engine_alive))
         except TimeoutError:
             raise self._died(f"no answer to RPC {method!r} within {timeout:g} s ({lifecycle.WORKER_TIMEOUT_ENV})")
         except Exception as e:
@@ -216,6 +222,7 @@ class VllmTalkerStage:
                 self._worker_pid = int(self.summary()["pid"])
         if self._worker_pid is not None:
             out[self._worker_pid] = "talker"
+        out.update({pid: f"talker-rank{i}" for i, pid in enumerate(self._rank_pids) if i})
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -322,30 +329,21 @@ class VllmTalkerStage:
     def _engine_alive(self) -> bool:
         return liveness.engine_alive(self.engine.engine_core)
 
-    def _wait_for_output(self, poll_s: float = 0.5) -> None:
-        """Block until the engine core has sent a step's outputs, checking every ``poll_s`` that its
-        processes live (vLLM's sync client would otherwise wait forever on a killed engine core) and
-        giving up after ``self.timeout_s``."""
-        q = getattr(self.engine.engine_core, "outputs_queue", None)
-        if q is None:
-            return
-        deadline = time.perf_counter() + self.timeout_s
-        while True:
-            with q.not_empty:
-                if q._qsize() > 0 or q.not_empty.wait(timeout=poll_s) or q._qsize() > 0:
-                    return
-            if not self._engine_alive():
-                raise self._died()
-            if time.perf_counter() > deadline:
-                raise self._died(f"no step output within {self.timeout_s:g} s ({lifecycle.WORKER_TIMEOUT_ENV}); "
-                                 "the engine core or talker worker is stopped, frozen or overloaded")
+    def _wait_for_output(self) -> None:
+        """Block until the engine core has sent a step's outputs (:func:`liveness.wait_for_output`)."""
+        got = liveness.wait_for_output(self.engine.engine_core, self.timeout_s, self._engine_alive)
+        if got == "dead":
+            raise self._died()
+        if got == "timeout":
+            raise self._died(f"no step output within {self.timeout_s:g} s ({lifecycle.WORKER_TIMEOUT_ENV}); "
+                             "the engine core or talker worker is stopped, frozen or overloaded")
 
     # ---- death -------------------------------------------------------------------------------------------
     def _died(self, cause: str | None = None) -> WorkerError:
         """Mark the engine dead (the first cause stays; a process that exited comes first) -> the WorkerError."""
         if self._dead is None:
             core = self.engine.engine_core
-            found = liveness.death_cause(core, self._worker_pid) if self.config.multiprocess else None
+            found = liveness.death_cause(core, self._rank_pids or self._worker_pid) if self.config.multiprocess else None
             self._dead = found or cause or "the engine core stopped (its log on stderr has the traceback)"
         return self._dead_error()
 

@@ -3,12 +3,13 @@
 Contract (used by :class:`~omnilab.stages.vllm.engine.VllmTalkerStage`):
 - ``engine_processes(engine_core)`` -> the engine-core ``multiprocessing`` processes (``[]`` in-process);
   ``engine_alive(engine_core)``: vLLM has not marked it dead and every engine-core process lives.
-- ``death_cause(engine_core, worker_pid)`` -> names every process that exited and how (exit code or signal),
+- ``death_cause(engine_core, worker_pids)`` (one pid or one per tensor-parallel rank) -> names every process that exited and how (exit code or signal),
   or None when every process still lives (the engine core then failed inside a step).
 - ``is_dead_error(e)``: ``e`` is vLLM's ``EngineDeadError``.
 - ``timed_rpc(engine_core, method, args, timeout_s, alive)``: ``collective_rpc`` through the multiprocess client
   with a client-side deadline (vLLM's own client waits for the answer without one): ``TimeoutError`` after
   ``timeout_s``, :class:`~omnilab.errors.WorkerError` as soon as ``alive()`` is False.
+- ``wait_for_output(engine_core, timeout_s, alive)``: a step's outputs, or why none came (``"dead"``/``"timeout"``).
 - ``renice(engine, nice)``, ``shutdown(engine_core)``: lower the engine core's priority; stop it, quietly.
 """
 from __future__ import annotations
@@ -57,11 +58,14 @@ def _pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def death_cause(engine_core, worker_pid: int | None) -> str | None:
+def death_cause(engine_core, worker_pids: int | list[int] | None) -> str | None:
     dead = [f"the engine-core process (pid {p.pid}) {_how(p.exitcode)}"
             for p in engine_processes(engine_core) if not p.is_alive()]
-    if worker_pid is not None and not _pid_alive(worker_pid):
-        dead.append(f"the talker worker process (pid {worker_pid}) exited")
+    pids = [worker_pids] if isinstance(worker_pids, int) else list(worker_pids or ())
+    for rank, pid in enumerate(pids):
+        if not _pid_alive(pid):
+            which = f" (tensor-parallel rank {rank})" if len(pids) > 1 else ""
+            dead.append(f"the talker worker process{which} (pid {pid}) exited")
     return "; ".join(dead) or None
 
 
@@ -94,6 +98,24 @@ def timed_rpc(engine_core, method: str, args: tuple, timeout_s: float, alive: Ca
                 raise TimeoutError(method)
     finally:
         results.pop(call_id, None)
+
+
+def wait_for_output(engine_core, timeout_s: float, alive: Callable[[], bool], poll_s: float = 0.5) -> str:
+    """Block until the multiprocess client holds a step's outputs -> ``"ready"``, checking every ``poll_s`` that the
+    engine lives (vLLM's sync client would otherwise wait forever on a killed engine core): ``"dead"`` as soon as
+    ``alive()`` is False, ``"timeout"`` after ``timeout_s``. ``"ready"`` at once where there is no queue."""
+    q = getattr(engine_core, "outputs_queue", None)
+    if q is None:
+        return "ready"
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        with q.not_empty:
+            if q._qsize() > 0 or q.not_empty.wait(timeout=poll_s) or q._qsize() > 0:
+                return "ready"
+        if not alive():
+            return "dead"
+        if time.perf_counter() > deadline:
+            return "timeout"
 
 
 def renice(engine, nice: int) -> None:

@@ -40,6 +40,7 @@ from omnilab.kernels.norm import rms_norm
 from omnilab.models.decode_step import StackStep
 from omnilab.models.talker import Talker
 from omnilab.stages.vllm.config import padded_head_size
+from omnilab.stages.vllm.tensor_parallel import all_reduce, check_shardable, rank_info, shard_talker
 from omnilab.stages.vllm.view import ARCH
 from omnilab.checkpoint.worker_weights import load_talker_weights, release_memory
 
@@ -79,10 +80,12 @@ class PagedTalkerStack(nn.Module):
             self.talker = Talker(self.tts_config)
         self.head_dim = tc.head_dim
         self.attn_head_dim = padded_head_size(tc.head_dim)
+        self.tp_rank, self.tp_size = rank_info()  # a tensor-parallel rank holds its heads only (tensor_parallel.py)
+        check_shardable(tc, self.tp_size, _quant_from(hf))
         base = f"{prefix}." if prefix else ""
         self.attn = nn.ModuleList(
-            Attention(tc.num_attention_heads, self.attn_head_dim, tc.head_dim ** -0.5,
-                      num_kv_heads=tc.num_key_value_heads, cache_config=vllm_config.cache_config,
+            Attention(tc.num_attention_heads // self.tp_size, self.attn_head_dim, tc.head_dim ** -0.5,
+                      num_kv_heads=tc.num_key_value_heads // self.tp_size, cache_config=vllm_config.cache_config,
                       prefix=f"{base}attn.{i}")
             for i in range(tc.num_hidden_layers))
         self.max_positions = vllm_config.model_config.max_model_len
@@ -122,8 +125,10 @@ class PagedTalkerStack(nn.Module):
             o = attn(q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1))  # [N, Hq * Dp]
             if dp != d:
                 o = o.view(n, -1, dp)[..., :d]
-            x = x + a.o_proj(o.reshape(n, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            y = a.o_proj(o.reshape(n, -1))
+            x = x + (y if self.tp_size == 1 else all_reduce(y))  # row parallel: the ranks' partial sums added
+            y = layer.mlp(layer.post_attention_layernorm(x))
+            x = x + (y if self.tp_size == 1 else all_reduce(y))
         return self.talker.model.norm(x)
 
 
@@ -174,6 +179,8 @@ class OmnilabTalkerForVLLM(nn.Module):
         apply (a prefill in the batch, no forward context, a cache layout other than "vec" of the talker's dtype, a
         geometry or dtype the kernels do not take): then vLLM's attention layers run."""
         st = self.stack
+        if st.tp_size > 1:  # the one-call stack has no all-reduce between layers: vLLM's attention layers run
+            return None
         try:
             md_all = get_forward_context().attn_metadata
         except (AssertionError, RuntimeError):  # no forward context (dummy runs outside one)
@@ -223,6 +230,7 @@ class OmnilabTalkerForVLLM(nn.Module):
                 state[name[len("talker."):]] = t
         self.talker.load_state_dict(state, strict=True, assign=True)
         self.talker.requires_grad_(False).eval()
+        shard_talker(self.talker, self.stack.tp_rank, self.stack.tp_size)
         self.stack.prepare_rope(self.dtype)
         gemv_choice()  # resolve (and build) the decode-linear kernel at load, not in the first step
         return {n for n, _ in self.named_parameters()}
@@ -234,11 +242,12 @@ class OmnilabTalkerForVLLM(nn.Module):
         shared = _SHARED.get(self.share_key) if self.share_key else None
         quant = from_key(self.quant_key) if self.quant_key else None  # the client's choice (view config)
         same = shared is not None and shared.dtype == self.dtype and _quant_key(shared) == (self.quant_key or None)
-        source = "shared" if same else "disk"
+        source = "shared" if same and self.stack.tp_size == 1 else "disk"
         self.stack.talker = shared if source == "shared" else \
             load_talker_weights(self.checkpoint, self.tts_config, self.dtype, quantization=quant)
         if source == "disk":
-            release_memory()  # the file's bf16 copies read while casting
+            shard_talker(self.stack.talker, self.stack.tp_rank, self.stack.tp_size)
+            release_memory()  # the file's bf16 copies read while casting, the other ranks' slices
         self.stack.prepare_rope(self.dtype)
         gemv_choice()
         if quant is not None and quant.enabled:
@@ -265,6 +274,11 @@ def vec_kv_layout() -> None:
         return "vec" if got == "amx" else got
     isa.omnilab_vec = True
     cpu_attn._get_attn_isa = isa
+
+
+def _quant_from(hf: Any) -> Any:
+    key = getattr(hf, "omnilab_quantization", None)
+    return from_key(key) if key else None
 
 
 def _quant_key(talker: Talker) -> str | None:
