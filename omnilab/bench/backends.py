@@ -10,10 +10,11 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
   ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` / ``+int4-g32`` / ``+int4-g64`` (decode
   matrices quantized at load), ``+int8-acts`` / ``+fp32-acts`` (their activations); ``+fp32-code2wav`` /
-  ``+bf16-code2wav`` set code2wav's dtype (``OMNILAB_CODE2WAV_DTYPE``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for
-  that compute dtype (``+auto``: what a user who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses
-  configurations with ``--quantization`` and ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and
-  ``vllm-workers-inductor`` (the former script's names) are aliases.
+  ``+bf16-code2wav`` set code2wav's dtype (``OMNILAB_CODE2WAV_DTYPE``); ``+tp2`` (vllm-workers only) runs two
+  tensor-parallel talker ranks (``OMNILAB_TALKER_TP=2``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute
+  dtype (``+auto``: what a user who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses configurations
+  with ``--quantization`` and ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and ``vllm-workers-inductor``
+  (the former script's names) are aliases.
 
 ``measure`` runs one round of a built configuration: a warm-up request, then each concurrency point
 (``drivers.run_point``; 1 stream always, the base of the N-stream ratios) with the run-queue wait of each
@@ -59,6 +60,7 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+fp32": {}, "+bf16": {}, "+auto": {},  # the compute dtype asked for (DTYPE_SUFFIXES; default: --dtype)
     "+fp32-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "float32"},  # code2wav's dtype (default: its auto rule)
     "+bf16-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "bfloat16"},
+    "+tp2": {"OMNILAB_TALKER_TP": "2"},  # two tensor-parallel talker ranks from the auto profile (vllm-workers only)
 }
 DTYPE_SUFFIXES = {"+fp32": "float32", "+bf16": "bfloat16", "+auto": "auto"}  # "auto": dtype=None, the planner's rule
 ALIASES = {"vllm-compiled": "vllm+compiled", "vllm-inductor": "vllm+inductor",
@@ -104,6 +106,9 @@ def parse_config(name: str, compile_talker: bool = False) -> Config:
     compiled, inductor = "compiled" in mods, "inductor" in mods
     if base == "eager" and (compiled or inductor):
         raise ValueError(f"configuration {name!r}: +compiled / +inductor apply to the vllm bases only")
+    if "tp2" in mods and base != "vllm-workers":
+        raise ValueError(f"configuration {name!r}: +tp2 (tensor-parallel talker ranks, one worker process each) "
+                         f"applies to vllm-workers only")
     dtypes = [DTYPE_SUFFIXES["+" + m] for m in mods if "+" + m in DTYPE_SUFFIXES]
     if len(dtypes) > 1:
         raise ValueError(f"configuration {name!r}: more than one dtype suffix ({', '.join(DTYPE_SUFFIXES)})")
@@ -187,8 +192,9 @@ def build(cfg: Config, ckpt: Path, s: Any):
     if (cfg.workers and not explicit) or (profile and not cfg.workers):  # what users get: the (auto) profile
         from omnilab.deployment import prepare
 
+        ranks = int(cfg.env.get("OMNILAB_TALKER_TP", 1))  # +tp2: --threads is split between the ranks
         d = prepare(Path(ckpt), backend="vllm", deploy="workers" if cfg.workers else "inprocess", dtype=dtype,
-                    deploy_profile=profile or "auto", num_threads=None if profile else s.threads,
+                    deploy_profile=profile or "auto", num_threads=None if profile else max(s.threads // ranks, 1),
                     max_concurrency=max_conc).vllm_deploy
         # the profile's KV budget stays (the workers' environment is derived from it and must agree)
         talker = dataclasses.replace(d.talker, max_model_len=s.max_model_len, enforce_eager=not cfg.compile_talker,

@@ -63,7 +63,7 @@ def _ratios(r: dict) -> str | None:
 # concurrency. Columns empty in every row are left out of the printed table (e.g. the code2wav chunk costs
 # unless --code2wav-chunks, the N-stream columns with --concurrency 1).
 TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
-    ("config", ("config",), "{}"), ("runs", ("runs",), "{:.0f}"),
+    ("config", ("config",), "{}"), ("node", ("node",), "{}"), ("runs", ("runs",), "{:.0f}"),  # node: --address
     ("step ms", ("step_ms",), _ms), ("talker", ("talker_ms",), _ms), ("predictor", ("predictor_ms",), _ms),
     ("vLLM overhead %", ("overhead_pct",), "{:.1f}"),
     ("floor ms", ("floor_ms",), _ms), ("step / floor", ("step_floor_ratio",), "{:.2f}"),

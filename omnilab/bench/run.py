@@ -25,7 +25,9 @@ qwen-tts row (``reference``) is added when ``.venv-ref`` exists. Prints one tabl
 
 Every variant is benched: CustomVoice requests take a built-in speaker, VoiceDesign ones ``--instruct`` (a
 default description), Base ones ``--ref-audio`` (without it, a generated 1.5 s reference clip, x-vector mode;
-``--ref-text`` for in-context cloning). ``--deploy-profile`` builds every configuration from a deploy profile
+``--ref-text`` for in-context cloning). ``--address`` (a Ray cluster: ``local:N``, ``auto``, ``ray://HOST:PORT``, ...) runs each configuration as a task on one
+of the cluster's nodes, in its own process there (``bench/cluster.py``), and gathers one table whose rows name their
+node. ``--deploy-profile`` builds every configuration from a deploy profile
 (threads, CPUs, KV budget as a user of that profile gets them) instead of ``--threads``.
 """
 from __future__ import annotations
@@ -94,6 +96,7 @@ class BenchConfig:
     instruct: str = be.DEFAULT_INSTRUCT  # VoiceDesign requests
     ref_audio: str | None = None      # Base requests: a file; None = backends.reference_clip()
     ref_text: str | None = None       # Base: the reference's transcript (in-context cloning); None = x-vector only
+    address: str | None = None        # a Ray cluster: each configuration a task on one of its nodes (bench/cluster.py)
 
     def __post_init__(self):
         for k in ("threads", "frames", "rounds", "warmup_frames", "max_model_len", "gemv_mib"):
@@ -119,6 +122,9 @@ class BenchConfig:
         parsed = [be.parse_config(n, self.compile_talker) for n in self.configs]  # ValueError names the bad one
         if self.rebuild and self.mode != "interleave":
             raise ValueError("rebuild=True (--rebuild) goes with --interleave ROUNDS; accepted: --interleave N --rebuild")
+        if self.address and self.mode == "interleave":
+            raise ValueError("--address runs each configuration in its own process on a cluster node (as --fresh); "
+                             "--interleave compares in one process: use one or the other")
         if self.mode == "interleave" and any(c.workers for c in parsed):
             raise ValueError("--interleave takes in-process configurations only (stage workers bind CPUs for their "
                              "lifetime); run vllm-workers with --fresh or on its own")
@@ -182,7 +188,10 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
         modes.log(f"[bench] streaming read (x.sum()) {meta['stream_read']['gbps']:.1f} GB/s, "
                   f"DRAM GEMV {bw['gbps']:.1f} GB/s; a frame reads {bpf['talker_bytes_per_frame'] / 1e9:.3f} GB "
              f"-> all-DRAM floor {meta['floor_dram_ms_per_frame']:.1f} ms/frame")
-    if cfg.mode == "fresh":
+    if cfg.address:
+        from omnilab.bench.cluster import run_on_cluster
+        rows, points, reqs, rounds = run_on_cluster(cfg, meta, cfg.address)
+    elif cfg.mode == "fresh":
         rows, points, reqs, rounds = modes.run_fresh(cfg, ckpt, meta)
     elif cfg.mode == "interleave":
         rows, points, reqs, rounds = modes.run_interleaved(cfg, ckpt, prompts, bpf, meta)
@@ -308,6 +317,9 @@ def parser() -> argparse.ArgumentParser:
     a("--talker-cpus", default=None, help="vllm-workers: talker CPU list, e.g. 0,1; None = the auto deploy profile's")
     a("--code2wav-cpus", default=None, help="vllm-workers: code2wav CPU list; None = the auto deploy profile's")
     a("--max-model-len", type=int, default=1024, help="vLLM max_model_len")
+    a("--address", default=None, help="run the configurations across a Ray cluster's nodes, each in its own process "
+      "on one node reserving --threads CPUs, gathered into one table: local | local:N (N Ray nodes on this machine) "
+      "| auto | HOST:PORT | ray://HOST:PORT (needs the cluster extra); None = this machine only")
     a("--no-floor", action="store_true", help="skip the GEMV floor probes (bandwidth and the per-row frame floor)")
     a("--gemv-mib", type=int, default=1024, help="size of the DRAM bandwidth probe's matrix (MiB)")
     a("--reference", choices=("auto", "on", "off"), default="auto",
@@ -343,7 +355,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         compile_talker=a.compile == "on", talker_cpus=_ints(a.talker_cpus) if a.talker_cpus else None,
         code2wav_cpus=_ints(a.code2wav_cpus) if a.code2wav_cpus else None, max_model_len=a.max_model_len,
         floor=not a.no_floor, gemv_mib=a.gemv_mib, reference=a.reference, code2wav_chunks=a.code2wav_chunks,
-        wait_flag_pct=a.wait_flag_pct, rss_interval_s=a.rss_interval)
+        wait_flag_pct=a.wait_flag_pct, rss_interval_s=a.rss_interval, address=a.address)
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
