@@ -19,8 +19,7 @@
 # * `OMNILAB_TINY=1` (CI) and by default: the embedded tiny random-weight checkpoint (noise, not speech).
 #   `OMNILAB_CHECKPOINT` picks another CustomVoice checkpoint.
 # * `OMNILAB_BATCH_BACKEND`: the actors' backend (default `eager`, the fastest to start on a tiny checkpoint).
-# * Not here yet: the tensor-parallel comparison (one stream over two NUMA nodes, issue 17 item 1); the
-#   talker refuses `tensor_parallel_size > 1` today.
+# * Last section: one stream over two tensor-parallel talker ranks (`OMNILAB_TALKER_TP=2`) against one rank.
 
 # %%
 import os
@@ -118,3 +117,55 @@ print("redone:", tuple(sorted(again.done)), "| skipped:", len(again.skipped))
 # %%
 ray.shutdown()
 cluster.shutdown()
+
+# %% [markdown]
+# ## One stream over two ranks: a tensor-parallel talker
+# The other way to use more than one node's worth of hardware: `OMNILAB_TALKER_TP=2` (or `talker_tp_size: 2` in a
+# deploy YAML) runs the talker as two vLLM worker processes, each holding half of every decoder layer's attention
+# heads and MLP width, their partial sums added by vLLM's all-reduce after every attention and MLP; the code
+# predictor runs whole on each rank ([docs/vllm-seam.md](../docs/vllm-seam.md#tensor-parallel-talker)). It is meant
+# for a two-socket server, one rank per NUMA node; this machine has one node, so the planner cuts the ranks from
+# its cores and warns that no gain is to be expected (shown below). The comparison: the same greedy request with one
+# rank (the eager backend, whose greedy codes the one-rank vLLM talker equals) and with two ranks.
+
+# %%
+import time
+import warnings
+
+import numpy as np
+
+from omnilab import Pipeline
+
+TEXT = "One stream over two tensor-parallel ranks."
+GREEDY = dict(speaker="vivian", language="english", do_sample=False, subtalker_do_sample=False, max_new_tokens=24)
+runs = {}
+with Pipeline.from_pretrained(CHECKPOINT, backend="eager", dtype="float32") as one:
+    one.generate(TEXT, **GREEDY)  # warm-up
+    t0 = time.perf_counter()
+    runs["1 rank (eager)"] = (one.generate(TEXT, **GREEDY), time.perf_counter() - t0)
+os.environ["OMNILAB_TALKER_TP"] = "2"
+try:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        two = Pipeline.from_pretrained(CHECKPOINT, backend="vllm", dtype="float32")
+    with two:
+        print("warning:", *[str(w.message) for w in caught if "tensor parallelism" in str(w.message)])
+        print("talker_tp_size:", two.profile.talker_tp_size.value, "|", two.profile.talker_tp_size.reason)
+        print("processes:", two.processes())
+        two.generate(TEXT, **GREEDY)  # warm-up
+        t0 = time.perf_counter()
+        runs["2 ranks (vLLM workers)"] = (two.generate(TEXT, **GREEDY), time.perf_counter() - t0)
+finally:
+    del os.environ["OMNILAB_TALKER_TP"]
+
+# %%
+(a, _), (b, _) = runs.values()
+n = min(len(a.codes), len(b.codes))
+same = next((k for k in range(n) if not np.array_equal(a.codes[k], b.codes[k])), n)
+print(f"frames equal before the first difference: {same} of {n} (a difference, if any, is a near-tie of fp32 "
+      f"rounding: the ranks add the same partial sums in another order)")
+pd.DataFrame([{"run": name, "frames": r.num_frames, "wall_s": round(wall, 3), "rtf": round(r.rtf, 2),
+               "talker ms/frame": round(sum(v for k, v in r.stage_ms_per_frame().items()
+                                            if k.startswith("talker.")), 1)}
+              for name, (r, wall) in runs.items()])
+

@@ -32,7 +32,8 @@ PROMISES = {"00_quickstart": ["tiny custom_voice", "<b>SynthesisResult</b>", "qu
             "03_deploy_profiles": ["placement: ", "read-back CPUs", "applied threads", "before:", "after: "],
             "04_benchmark_analysis": ["ttfa_ms"],
             "05_quantization": ["checkpoint: ", "c0_agreement"],
-            "06_scale_out": ["utterances_per_s", "audio_s_per_s", "redone: ('utt03', 'utt07')"]}
+            "06_scale_out": ["utterances_per_s", "audio_s_per_s", "redone: ('utt03', 'utt07')",
+                             "frames equal before the first difference", "talker-rank1", "no memory-bandwidth gain"]}
 NEVER = ("broken", "outside the request span", "0b6 custom_voice", "Traceback")
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]

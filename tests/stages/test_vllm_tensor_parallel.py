@@ -113,6 +113,10 @@ def test_profile_runs_two_ranks_on_one_node_with_a_warning(monkeypatch, tmp_path
     assert any("no memory-bandwidth gain" in w for w in p.warnings)
     d = VllmDeploy.from_profile(p)
     assert d.talker.tensor_parallel_size == 2 and d.talker.rank_cpus == ((0,), (1,))
+    from omnilab.profiles.profile import DeployProfile
+    yaml_text = p.to_yaml()  # the vllm-omni YAML carries tensor_parallel_size and the '|' bind lists
+    assert "tensor_parallel_size: 2" in yaml_text
+    assert VllmDeploy.from_profile(DeployProfile.from_yaml(yaml_text)).talker.tensor_parallel_size == 2
     with pytest.raises(InputError, match="deploy='workers'"):
         VllmDeploy.from_profile(p, multiprocess=False)
     with pytest.raises(ConfigError, match="needs a physical core of its own; 2 usable"):
@@ -162,7 +166,8 @@ def _agrees_up_to_near_ties(model, ref, got, label):
     # 1e-4 of the largest |h| holds that with room (the vLLM-vs-eager test uses the same bound)
     torch.testing.assert_close(h2[:upto], h1[:upto], rtol=1e-4, atol=1e-4 * scale, msg=lambda m: f"{label}: {m}")
     if diff and c1[k, 0] != c2[k, 0]:
-        w = model.talker.codec_head.weight.detach().float()
+        w = model.talker.codec_head.weight  # quantized: the values the kernel multiplies by
+        w = w.dequantize() if hasattr(w, "dequantize") else w.detach().float()
         logits = h1[k] @ w.T
         gap = float(logits[c1[k, 0]] - logits[c2[k, 0]])
         bound = 2 * float(w.norm(dim=1).max()) * float((h1[k] - h2[k]).norm()) * 1.05  # x repetition penalty
@@ -173,16 +178,18 @@ def _agrees_up_to_near_ties(model, ref, got, label):
 
 @pytest.mark.slow
 @needs_two
-@pytest.mark.parametrize("size", ["tiny", "mid"])
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_two_ranks_follow_one_rank(tiny_ckpt, mid_ckpt, size, variant):
+@pytest.mark.parametrize("size,variant,quant", [(s, v, None) for s in ("tiny", "mid") for v in VARIANTS]
+                         + [("mid", "custom_voice", "int8")])
+def test_two_ranks_follow_one_rank(tiny_ckpt, mid_ckpt, size, variant, quant):
     from omnilab.checkpoint.load import load_model
     from omnilab.requests import build_request
     from omnilab.stages.eager import EagerTalkerStage, run_to_completion
     from tests.stages._vllm_common import user_requests
 
+    from omnilab.kernels.quant import quantization_choice
     path = tiny_ckpt(variant) if size == "tiny" else mid_ckpt(variant)
-    model = load_model(path, dtype="float32")
+    # int8: each rank streams its shard through the quantized kernels (the worker quantizes at load as the client)
+    model = load_model(path, dtype="float32", quantization=quantization_choice(quant, env="") if quant else None)
     params = greedy(model, 24)
     preqs = [build_request(model, u)[0] for u in user_requests(variant)[:2]]
     refs = []
@@ -196,7 +203,7 @@ def test_two_ranks_follow_one_rank(tiny_ckpt, mid_ckpt, size, variant):
         assert len(stage.processes()) == 3  # engine core + rank 0 + rank 1
         for i, (preq, ref) in enumerate(zip(preqs, refs)):
             got = _run(stage, preq, params, rid=f"r{i}")
-            _agrees_up_to_near_ties(model, ref, got, f"{size} {variant} request {i}")
+            _agrees_up_to_near_ties(model, ref, got, f"{size} {variant} {quant or ''} request {i}")
     finally:
         stage.close()
 
