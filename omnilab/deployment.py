@@ -224,8 +224,9 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
                  if v is not None}
     kwargs: dict[str, Any] = {"overrides": overrides} if overrides else {}
     if name is None:  # an open dtype follows the timing of this machine's linear paths (OMNILAB_PLAN_TIMING)
+        from omnilab.models.code2wav_timing import with_code2wav_times
         from omnilab.kernels.timing import path_times
-        kwargs["path_times"] = path_times()
+        kwargs["path_times"] = with_code2wav_times(path_times())  # + code2wav's bf16/fp32 timing where bf16 is native
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency
     geometry = as_geometry(model_config if model_config is not None else checkpoint_dir)

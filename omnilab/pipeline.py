@@ -137,7 +137,8 @@ class Pipeline(OwnedRequests, PipelineRepr):
                       quantization=quantization_spelling(quantization, quant_group_size))
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
-        from omnilab.kernels import code2wav_dtype_choice as c2w_dtype, gemv_choice
+        from omnilab.kernels import gemv_choice
+        from omnilab.models.code2wav_timing import timed_code2wav_dtype as c2w_dtype
         from omnilab.kernels.hugepages import hugepages_choice
         from omnilab.kernels.snake import snake_choice
         from omnilab.kernels.storage import weight_storage_choice

@@ -10,8 +10,8 @@ Contract: ``run_on_cluster(cfg, meta) -> (rows, points, requests, rounds)`` (the
   on that node (vLLM's worker processes spawn from a plain interpreter, never from inside a Ray worker), so a row
   is what that node measures alone, with its own floor probe.
 - A random checkpoint (no ``--model``) is written on each node from the same size, variant and seed (the weights
-  are the same: ``make_random_checkpoint`` is deterministic), under a file lock, since two tasks on one node may
-  ask for it together; a ``--model`` directory must exist at the same path on every node.
+  are the same: ``make_random_checkpoint`` is deterministic) by the first task there (``run.checkpoint_for`` holds
+  a file lock); a ``--model`` directory must exist at the same path on every node.
 - Every row names its ``node`` (IP and Ray node id) and that machine's CPU (``node_cpu``); ``meta["nodes"]`` lists
   the nodes that ran something. A task that fails (its node died, its process failed) is a note; the others go on.
 - The driver connects with :func:`omnilab.batch.cluster.connect` (``local``, ``local:N``, ``auto``, ``HOST:PORT``,
@@ -20,7 +20,7 @@ Contract: ``run_on_cluster(cfg, meta) -> (rows, points, requests, rounds)`` (the
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from omnilab.errors import InputError
 
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 
 def run_config(child_cfg: dict) -> dict:
-    """One configuration on this node (the body of the Ray task): its checkpoint, then a fresh bench process."""
-    import fcntl
+    """One configuration on this node (the body of the Ray task): a fresh bench process, which writes the random
+    checkpoint first if this node has none (``run.checkpoint_for``, under a file lock)."""
     import json
     import os
     import platform
@@ -41,25 +41,16 @@ def run_config(child_cfg: dict) -> dict:
 
     import ray
 
-    from omnilab.bench.run import BenchConfig, checkpoint_for
     from omnilab.hardware import probe_hardware
-    from omnilab.paths import cache_dir
 
-    cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in child_cfg.items()})
-    lock = cache_dir() / "checkpoints" / ".bench-cluster.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as fh:  # two tasks on one node: one writes the random checkpoint, the other waits
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        ckpt = checkpoint_for(cfg)
     node = f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
-    hw = probe_hardware()
     with tempfile.TemporaryDirectory(prefix="omnilab-bench-") as d:
         cfg_path, out_path = Path(d) / "config.json", Path(d) / "result.json"
-        cfg_path.write_text(json.dumps({**child_cfg, "checkpoint": str(ckpt)}))
+        cfg_path.write_text(json.dumps(child_cfg))
         rc = subprocess.call([sys.executable, "-m", "omnilab.bench.run", "--child", str(cfg_path), str(out_path)],
                              env={**os.environ})
         part = json.loads(out_path.read_text()) if rc == 0 and out_path.is_file() else None
-    return {"node": node, "node_cpu": hw.model_name or platform.processor(), "rc": rc, "part": part}
+    return {"node": node, "node_cpu": probe_hardware().model_name or platform.processor(), "rc": rc, "part": part}
 
 
 def run_on_cluster(cfg: BenchConfig, meta: dict, address: str | None) -> tuple[list, list, list, list]:
@@ -78,7 +69,7 @@ def run_on_cluster(cfg: BenchConfig, meta: dict, address: str | None) -> tuple[l
         pending = {}
         for name in cfg.configs:
             child = dataclasses.replace(cfg, configs=(name,), mode="same-process", rounds=1, reference="off",
-                                        address=None)
+                                        address=None)  # checkpoint stays as given: None = each node's random one
             pending[task.remote(dataclasses.asdict(child))] = name
         log(f"[bench] {len(pending)} configuration(s) on a Ray cluster of {len(cpus)} node(s) "
             f"(CPUs per node: {cpus}), {cfg.threads} CPU(s) each")

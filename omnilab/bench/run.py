@@ -25,10 +25,11 @@ qwen-tts row (``reference``) is added when ``.venv-ref`` exists. Prints one tabl
 
 Every variant is benched: CustomVoice requests take a built-in speaker, VoiceDesign ones ``--instruct`` (a
 default description), Base ones ``--ref-audio`` (without it, a generated 1.5 s reference clip, x-vector mode;
-``--ref-text`` for in-context cloning). ``--address`` (a Ray cluster: ``local:N``, ``auto``, ``ray://HOST:PORT``, ...) runs each configuration as a task on one
-of the cluster's nodes, in its own process there (``bench/cluster.py``), and gathers one table whose rows name their
-node. ``--deploy-profile`` builds every configuration from a deploy profile
-(threads, CPUs, KV budget as a user of that profile gets them) instead of ``--threads``.
+``--ref-text`` for in-context cloning). ``--address`` (a Ray cluster: ``local:N``, ``auto``, ``ray://HOST:PORT``,
+...) runs each configuration as a task on one of the cluster's nodes, in its own process there
+(``bench/cluster.py``), and gathers one table whose rows name their node. ``--deploy-profile`` builds every
+configuration from a deploy profile (threads, CPUs, KV budget as a user of that profile gets them) instead of
+``--threads``.
 """
 from __future__ import annotations
 
@@ -144,13 +145,14 @@ def checkpoint_for(cfg: BenchConfig) -> Path:
     if cfg.checkpoint:
         return Path(cfg.checkpoint)
     from omnilab.checkpoint.random import default_checkpoint, make_random_checkpoint
-    from omnilab.paths import cache_dir
+    from omnilab.paths import cache_dir, file_lock
 
     if cfg.size == "tiny" and cfg.variant == "custom_voice":
         return default_checkpoint()
     path = cache_dir() / "checkpoints" / f"{cfg.size}-{cfg.variant}-seed0-v1"
-    if not (path / "speech_tokenizer" / "model.safetensors").is_file():
-        make_random_checkpoint(path, cfg.size, cfg.variant, 0, overwrite=True)
+    with file_lock(path.with_name(path.name + ".lock")):  # two bench processes on one machine: one writes it
+        if not (path / "speech_tokenizer" / "model.safetensors").is_file():
+            make_random_checkpoint(path, cfg.size, cfg.variant, 0, overwrite=True)
     return path
 
 

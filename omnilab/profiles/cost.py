@@ -219,16 +219,17 @@ def bandwidth_from_times(times) -> Bandwidth | None:
     return Bandwidth(times.gbps("fp32-kernel"), times.threads, "path timing, GEMV kernel from DRAM")
 
 
-def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None) -> str:
+def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None, times=None) -> str:
     """What code2wav will compute in under the profile's dtype (``asked``: the dtype field when set, else ""), by
-    the rule ``kernels.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ)."""
+    the rule ``kernels.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
+    ``times``: this machine's code2wav timing, ``kernels.code2wav_timing``; None: the ISA prior)."""
     import os
 
     from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
     raw = ((os.environ if env is None else env).get(CODE2WAV_ENV, "") or "auto").strip().lower()
     if raw not in ("auto", "float32", "bfloat16"):
         raw = "auto"  # code2wav's own choice names the bad value when the pipeline starts
-    return code2wav_dtype_rule(raw, frozenset(hw.flags), hw.arch, asked)[0]
+    return code2wav_dtype_rule(raw, frozenset(hw.flags), hw.arch, asked, times)[0]
 
 
 def amdahl(threads: int, serial: float, max_threads: int) -> float:

@@ -105,7 +105,8 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     ov = Overrides(os.environ if env is None else env, args, defaults, defaults_source)
     dtype, quant = _dtype(hw, ov, path_times), quantization_field(geo, ov)
     cost = CostModel.build(geo, hw, dtype.value, stage_times, quant.value, bandwidth_from_times(path_times),
-                           code2wav_dtype_for(hw, dtype.value if dtype.source != "auto" else "", env))
+                           code2wav_dtype_for(hw, dtype.value if dtype.source != "auto" else "", env,
+                                              (getattr(path_times, "extra", None) or {}).get("code2wav")))
     reserved, pools, budget = reserve(hw, ov)
     placed = _place(hw, cost, ov, reserved.value, pools, budget)
     tp, nt = placed["talker_tp_size"].value, placed["talker_threads"].value

@@ -118,13 +118,25 @@ EMULATED = "bf16 is emulated on this CPU (no avx512_bf16/AMX): expect it slower 
 
 
 CODE2WAV_ENV = "OMNILAB_CODE2WAV_DTYPE"
+# code2wav's bf16 GEMMs change the audio (~28 dB SNR from fp32): taken only where the timing has them clearly faster
+# (x1.25; the shared 2-core machine's timings swing ~10 %), not for a tie
+C2W_MARGIN = 0.8
 
 
-def code2wav_dtype_rule(raw: str, flags: frozenset[str], arch: str, asked: Any = "") -> tuple[str, bool, str]:
+def asks_fp32(asked: Any) -> bool:
+    """Whether the pipeline's requested dtype (a name or torch dtype) is float32."""
+    return str(asked).strip().lower().removeprefix("torch.") in ("float32", "fp32")
+
+
+def code2wav_dtype_rule(raw: str, flags: frozenset[str], arch: str, asked: Any = "",
+                        times: Mapping[str, Any] | None = None) -> tuple[str, bool, str]:
     """``(dtype, native bf16, reason)`` for code2wav's conv decoder: ``raw`` is ``OMNILAB_CODE2WAV_DTYPE``'s mode
     (auto / float32 / bfloat16, already checked), ``asked`` the pipeline's requested dtype (a name or torch dtype;
-    "" = not asked). auto: bf16 only with AMX (measured faster) unless float32 was asked. The one copy of the rule:
-    ``kernels.code2wav_dtype`` (what runs) and the planner's cost model (what it estimates) both call it."""
+    "" = not asked), ``times`` this machine's timing (``kernels.code2wav_timing.code2wav_times``; None: none).
+    auto, native bf16, float32 not asked: bf16 where the timing has it at most :data:`C2W_MARGIN` of fp32's time,
+    else fp32; without a timing the ISA prior: bf16 with AMX (measured faster), fp32 with avx512_bf16 alone. The one
+    copy of the rule: ``kernels.code2wav_dtype`` (what runs) and the planner's cost model (what it estimates, from
+    the prior) both call it."""
     from omnilab.hardware_info import native_bf16
 
     native, isa = native_bf16(flags, arch)
@@ -135,10 +147,20 @@ def code2wav_dtype_rule(raw: str, flags: frozenset[str], arch: str, asked: Any =
         return "bfloat16", native, why if native else f"{why}; {EMULATED}"
     if not native:
         return "float32", False, f"{isa}: fp32 (bf16 GEMMs would be emulated)"
-    if "amx_bf16" not in flags:
-        return "float32", True, f"{isa} but no AMX: fp32, bf16 GEMMs measured slower there ({MEASURED_NO_AMX})"
-    if str(asked).strip().lower().removeprefix("torch.") in ("float32", "fp32"):
+    if asks_fp32(asked):
         return "float32", True, (f"{isa}, but float32 was asked for the pipeline ({asked!r}): code2wav keeps fp32 "
                                  f"numerics too ({CODE2WAV_ENV}=bfloat16 forces bf16)")
+    if times is not None:
+        b, f = float(times["bfloat16"]), float(times["float32"])
+        how = (f"{'cached timing' if times.get('cached') else 'timing'} here at {times.get('threads', '?')} "
+               f"thread(s), conv decoder blocks on a {times.get('frames', '?')}-frame block: bf16 {b:.1f} vs fp32 "
+               f"{f:.1f} ms/frame "
+               f"(x{f / b:.2f})")
+        if b <= C2W_MARGIN * f:
+            return "bfloat16", True, (f"{isa}: conv decoder GEMMs in bf16, fp32 elsewhere: {how}, at least "
+                                      f"x{1 / C2W_MARGIN:.2f}; audio ~28 dB SNR from fp32")
+        return "float32", True, f"{isa}: fp32, bf16 not faster by x{1 / C2W_MARGIN:.2f} here: {how}"
+    if "amx_bf16" not in flags:
+        return "float32", True, f"{isa} but no AMX: fp32, bf16 GEMMs measured slower there ({MEASURED_NO_AMX})"
     return "bfloat16", True, (f"{isa}: conv decoder GEMMs in bf16 (AMX), fp32 elsewhere, measured faster "
                               f"({MEASURED}); audio ~28 dB SNR from fp32")

@@ -94,3 +94,40 @@ def test_bad_value_fails_at_load_and_the_cli_prints_the_choice(tiny_ckpt, monkey
     monkeypatch.setenv(ENV, "float32")
     out = subprocess.run([sys.executable, "-m", "omnilab.kernels"], capture_output=True, text=True, check=True).stdout
     assert "code2wav dtype: float32 (env)" in out and f"{ENV}=float32" in out
+
+
+def test_auto_follows_this_machines_timing_where_bf16_is_native():
+    """The timing decides where bf16 is native (the AMX prior and the avx512_bf16 prior were each wrong somewhere:
+    a Zen 5 core runs the bf16 GEMMs x2 faster without AMX); only a clear gain gives up fp32's exact numerics."""
+    from omnilab.profiles.timing import C2W_MARGIN, code2wav_dtype_rule
+
+    fast = {"float32": 40.0, "bfloat16": 20.0, "threads": 2, "frames": 10}
+    tie = {"float32": 40.0, "bfloat16": 40.0 * C2W_MARGIN + 1, "threads": 2, "frames": 10}
+    dtype, native, why = code2wav_dtype_rule("auto", AVX512_BF16, "x86_64", "", fast)
+    assert (dtype, native) == ("bfloat16", True) and "bf16 20.0 vs fp32 40.0 ms/frame" in why
+    assert code2wav_dtype_rule("auto", AMX, "x86_64", "", tie)[0] == "float32"  # not clearly faster: fp32
+    assert code2wav_dtype_rule("auto", AVX512_BF16, "x86_64", "", None)[0] == "float32"  # timing off: the prior
+    assert code2wav_dtype_rule("auto", AMX, "x86_64", "float32", fast)[0] == "float32"  # fp32 asked
+    assert code2wav_dtype_rule("float32", AMX, "x86_64", "", fast)[0] == "float32"  # the variable wins
+
+
+def test_the_timing_is_measured_once_and_cached(tmp_path, monkeypatch):
+    from omnilab.hardware import cpu_has_native_bf16
+    from omnilab.models import code2wav_timing
+
+    if not cpu_has_native_bf16()[0]:
+        pytest.skip("the code2wav timing runs where bf16 is native (elsewhere bf16 is emulated: the rule says fp32)")
+    monkeypatch.setenv("OMNILAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(code2wav_timing, "_MEMO", {})
+    monkeypatch.setenv("OMNILAB_PLAN_TIMING", "off")
+    assert code2wav_timing.code2wav_times() is None
+    monkeypatch.setenv("OMNILAB_PLAN_TIMING", "auto")
+    got = code2wav_timing.code2wav_times(threads=1)
+    assert got["float32"] > 0 and got["bfloat16"] > 0 and got["threads"] == 1 and got["frames"] > 0
+    files = list((tmp_path / "timing").glob("code2wav-*.json"))
+    assert len(files) == (1 if got.get("wait_share", 0) <= 0.10 else 0)  # a noisy timing is not cached
+    monkeypatch.setattr(code2wav_timing, "_MEMO", {})
+    monkeypatch.setattr(code2wav_timing, "measure", lambda *a, **k: pytest.fail("measured again"))
+    if files:
+        again = code2wav_timing.code2wav_times(threads=1)
+        assert again["cached"] and again["float32"] == pytest.approx(got["float32"])

@@ -52,7 +52,7 @@ def test_default_pipeline_is_vllm_under_the_auto_profile(tiny_ckpt, eager_codes)
             cfg = pipe._talker.config
             assert cfg.kv_cache_memory_bytes == pipe.profile.kv_cache_bytes.value
             assert cfg.max_num_seqs == pipe.profile.max_num_seqs.value
-            assert {"talker", "code2wav"} <= set(pipe.check_profile())  # + "not_applied" (profiles.readback.check_stages)
+            assert {"talker", "code2wav"} <= set(pipe.check_profile())  # + "not_applied" (readback.check_stages)
             np.testing.assert_array_equal(pipe.generate(TEXT, **KW).codes, eager_codes)
     finally:
         torch.set_num_threads(before)

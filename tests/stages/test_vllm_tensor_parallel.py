@@ -193,7 +193,7 @@ def test_two_ranks_follow_one_rank(tiny_ckpt, mid_ckpt, size, variant, quant):
     params = greedy(model, 24)
     preqs = [build_request(model, u)[0] for u in user_requests(variant)[:2]]
     refs = []
-    for preq in preqs:  # one rank: the eager engine, whose greedy codes vLLM's one-rank talker equals (test_vllm_talker)
+    for preq in preqs:  # one rank: the eager engine (vLLM's one-rank talker gives its greedy codes: test_vllm_talker)
         eager = EagerTalkerStage(model)
         eager.add_request("r", preq, params)
         out = run_to_completion(eager.engine, return_hidden=True)["r"]

@@ -41,7 +41,8 @@ WORKER_CLS = "omnilab.stages.vllm.worker.TalkerCPUWorker"
 _GPU_ONLY = {
     "enable_sleep_mode": "sleep mode", "cudagraph_capture_sizes": "CUDA graphs",
     "max_cudagraph_capture_size": "CUDA graphs",
-    "cuda_graph_sizes": "CUDA graphs", "pipeline_parallel_size": "pipeline parallelism", "speculative_config": "speculative decoding",
+    "cuda_graph_sizes": "CUDA graphs", "pipeline_parallel_size": "pipeline parallelism",
+    "speculative_config": "speculative decoding",
     "quantization": "quantization", "kv_cache_dtype": "a quantized KV cache", "enable_lora": "LoRA",
 }
 

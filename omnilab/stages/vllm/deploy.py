@@ -50,8 +50,9 @@ class VllmDeploy:
     def multiprocess_default(cls, environ: Mapping[str, str] | None = None) -> "VllmDeploy":
         """The no-profile default (``deploy_profile=None`` with ``deploy="workers"``, or ``"multiprocess"``):
         the talker worker on ``VLLM_CPU_OMP_THREADS_BIND``'s CPU lists when the environment sets them (one
-        tensor-parallel rank per ``|``-separated list), else on all CPUs of this process's mask but the last; code2wav on the last CPU not given to
-        the talker (2+ CPUs). With a profile, :meth:`from_profile` is the only road."""
+        tensor-parallel rank per ``|``-separated list), else on all CPUs of this process's mask but the last;
+        code2wav on the last CPU not given to the talker (2+ CPUs). With a profile, :meth:`from_profile` is the
+        only road."""
         from omnilab.profiles.overrides import parse_bind
         environ = os.environ if environ is None else environ
         cpus = sorted(os.sched_getaffinity(0))

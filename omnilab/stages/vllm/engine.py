@@ -343,7 +343,8 @@ class VllmTalkerStage:
         """Mark the engine dead (the first cause stays; a process that exited comes first) -> the WorkerError."""
         if self._dead is None:
             core = self.engine.engine_core
-            found = liveness.death_cause(core, self._rank_pids or self._worker_pid) if self.config.multiprocess else None
+            pids = self._rank_pids or self._worker_pid
+            found = liveness.death_cause(core, pids) if self.config.multiprocess else None
             self._dead = found or cause or "the engine core stopped (its log on stderr has the traceback)"
         return self._dead_error()
 

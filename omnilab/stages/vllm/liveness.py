@@ -3,7 +3,8 @@
 Contract (used by :class:`~omnilab.stages.vllm.engine.VllmTalkerStage`):
 - ``engine_processes(engine_core)`` -> the engine-core ``multiprocessing`` processes (``[]`` in-process);
   ``engine_alive(engine_core)``: vLLM has not marked it dead and every engine-core process lives.
-- ``death_cause(engine_core, worker_pids)`` (one pid or one per tensor-parallel rank) -> names every process that exited and how (exit code or signal),
+- ``death_cause(engine_core, worker_pids)`` (one pid, or one per tensor-parallel rank) -> names every process that
+  exited and how (exit code or signal),
   or None when every process still lives (the engine core then failed inside a step).
 - ``is_dead_error(e)``: ``e`` is vLLM's ``EngineDeadError``.
 - ``timed_rpc(engine_core, method, args, timeout_s, alive)``: ``collective_rpc`` through the multiprocess client

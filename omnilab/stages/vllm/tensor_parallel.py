@@ -32,9 +32,9 @@ def check_shardable(tc: Any, tp: int, quantization: Any = None) -> None:
     bad = [f"{what} {n}" for what, n in (("query heads", hq), ("key/value heads", hkv), ("MLP width", inter))
            if n % tp]
     if bad:
+        ok = [str(n) for n in range(1, hkv + 1) if not hq % n and not hkv % n and not inter % n]
         raise InputError(f"a {tp}-rank tensor-parallel talker needs query heads, key/value heads and the MLP width "
-                         f"divisible by {tp}; this checkpoint has {', '.join(bad)} (accepted sizes: "
-                         f"{', '.join(str(n) for n in range(1, hkv + 1) if not hq % n and not hkv % n and not inter % n)})")
+                         f"divisible by {tp}; this checkpoint has {', '.join(bad)} (accepted sizes: {', '.join(ok)})")
     group = getattr(quantization, "group_size", None) if getattr(quantization, "method", "none") == "int4" else None
     if group:
         cols = {"o_proj input": hq * d // tp, "down_proj input": inter // tp}
@@ -53,13 +53,11 @@ def _cut(weight: Any, dim: int, lo: int, hi: int) -> Any:
     from omnilab.kernels.quant import QuantizedWeight, from_codes
     if isinstance(weight, QuantizedWeight):
         codes, scales = weight.codes(), weight.row_scales()  # [N, K] int8, [N, groups] fp32
+        group = weight.group_size if weight.method == "int4" else None  # int8: one scale per row spans any cut
         if dim == 0:
             codes, scales = codes[lo:hi], scales[lo:hi]
         else:
-            g = weight.group_size if weight.method == "int4" else None
-            codes = codes[:, lo:hi]
-            scales = scales[:, lo // g:hi // g] if g else scales  # int8: one scale per row spans any cut
-        group = weight.group_size if weight.method == "int4" else None
+            codes, scales = codes[:, lo:hi], (scales[:, lo // group:hi // group] if group else scales)
         out = from_codes(weight.method, codes.contiguous(), scales.contiguous(), group)
         return dataclasses.replace(out, activations=weight.activations)
     part = weight.detach()[lo:hi] if dim == 0 else weight.detach()[:, lo:hi]
