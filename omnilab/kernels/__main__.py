@@ -1,7 +1,8 @@
 """``python -m omnilab.kernels``: resolve (and build) the decode-linear kernel and say which is used and why, and
 how an fp32 talker's decode matrices would be stored, which quantized-GEMV kernel ``quantization=`` would use, the
-decoder's RMSNorm, one-token attention and one-call decode stack, which SnakeBeta code2wav runs and in which dtype its conv decoder computes, the linear paths (bf16 decode rows,
-prefill GEMMs) and the talker dtype ``dtype="auto"`` gets, from the timing of this machine (``kernels.timing``)."""
+decoder's RMSNorm, one-token attention and one-call decode stack, which SnakeBeta code2wav runs and in which dtype
+its conv decoder computes (``models.code2wav_timing``), the linear paths (bf16 decode rows, prefill GEMMs) and the
+talker dtype ``dtype="auto"`` gets, from the timing of this machine (``kernels.timing``)."""
 from omnilab.kernels import gemv_choice
 
 
@@ -19,7 +20,6 @@ if __name__ == "__main__":
     import torch
 
     from omnilab.kernels.attention import attention_choice
-    from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
     from omnilab.kernels.norm import norm_choice
     from omnilab.kernels.qgemv import qgemv_choice
     from omnilab.kernels.quant import quantization_choice
@@ -33,7 +33,8 @@ if __name__ == "__main__":
     say("decoder one-token attention", attention_choice())
     say("decoder stack step (all layers in one call) and SwiGLU", stack_choice())
     say("code2wav SnakeBeta", snake_choice())
-    say("code2wav dtype", code2wav_dtype_choice())  # no pipeline here: the rule without a talker dtype
+    from omnilab.models.code2wav_timing import timed_code2wav_dtype
+    say("code2wav dtype for dtype='auto'", timed_code2wav_dtype())  # what a pipeline gets: its timing where it decides
     from omnilab.checkpoint.load import resolve_dtype
     from omnilab.kernels.timing import linear_paths
     lp = linear_paths()  # measures (a few seconds) on first use, unless OMNILAB_PLAN_TIMING=off or cached

@@ -93,7 +93,7 @@ def test_bad_value_fails_at_load_and_the_cli_prints_the_choice(tiny_ckpt, monkey
         Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype="float32", deploy_profile=None)
     monkeypatch.setenv(ENV, "float32")
     out = subprocess.run([sys.executable, "-m", "omnilab.kernels"], capture_output=True, text=True, check=True).stdout
-    assert "code2wav dtype: float32 (env)" in out and f"{ENV}=float32" in out
+    assert "code2wav dtype for dtype='auto': float32 (env)" in out and f"{ENV}=float32" in out
 
 
 def test_auto_follows_this_machines_timing_where_bf16_is_native():
