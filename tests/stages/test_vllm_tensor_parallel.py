@@ -7,8 +7,9 @@ decoding then picks the same codes except where two candidates are closer than t
 random-weight model meets now and then (mid, fp32: the first change after ~8 frames here). So the engine test
 asserts what holds on every CPU: (1) up to and including the first frame whose codes differ, the hidden state that
 produced each frame equals the one-rank run's within a tolerance fp32 rounding of a reordered sum justifies;
-(2) where codebook 0 differs, it is a near-tie of the one-rank model: its logit gap between the two picks is at most
-what that hidden-state difference can move two logits (``2 * max_row_norm(codec_head) * |dh|``). A missing or
+(2) where codebook 0 differs, it is a near-tie of the one-rank model: the gap of its greedy scores (logits after the
+repetition penalty and masks) between the two picks is at most what that hidden-state difference can move two
+scores (``2 * repetition_penalty * max_row_norm(codec_head) * |dh|``). A missing or
 wrong all-reduce, a wrong slice or a rank out of step breaks (1) at the first frame.
 """
 from __future__ import annotations
@@ -121,6 +122,13 @@ def test_profile_runs_two_ranks_on_one_node_with_a_warning(monkeypatch, tmp_path
         VllmDeploy.from_profile(p, multiprocess=False)
     with pytest.raises(ConfigError, match="needs a physical core of its own; 2 usable"):
         plan(vm, env={"OMNILAB_TALKER_TP": "3"})
+    two_socket = probe_hardware(os.path.join(os.path.dirname(__file__), "..", "fixtures", "hardware",
+                                             "xeon_2s_avx512_smt.json"))
+    auto = plan(two_socket, env={})  # one rank per node is estimated, stated, and proposed only for a 10 % gain
+    assert auto.talker_tp_size.value == 1 and "2 ranks, one per NUMA node: est." in auto.talker_tp_size.reason
+    assert "under the 10%" in auto.talker_tp_size.reason
+    asked = plan(two_socket, env={"OMNILAB_TALKER_TP": "2", "OMNILAB_RESERVED_CPUS": "none"})
+    assert "one rank per NUMA node: est. talker" in asked.talker_tp_size.reason and not asked.warnings
 
 
 # ---------------------------------------------------------------- the engine: two ranks, one core each
@@ -154,7 +162,7 @@ def _run(stage, preq, params, rid="r"):
     return torch.stack(codes), torch.stack(hidden)
 
 
-def _agrees_up_to_near_ties(model, ref, got, label):
+def _agrees_up_to_near_ties(model, ref, got, params, label):
     """Assertions (1) and (2) of the module docstring; returns the frames before the first difference."""
     (c1, h1), (c2, h2) = ref, got
     n = min(len(c1), len(c2))
@@ -166,11 +174,14 @@ def _agrees_up_to_near_ties(model, ref, got, label):
     # 1e-4 of the largest |h| holds that with room (the vLLM-vs-eager test uses the same bound)
     torch.testing.assert_close(h2[:upto], h1[:upto], rtol=1e-4, atol=1e-4 * scale, msg=lambda m: f"{label}: {m}")
     if diff and c1[k, 0] != c2[k, 0]:
+        from omnilab.sampling import talker_scores
         w = model.talker.codec_head.weight  # quantized: the values the kernel multiplies by
         w = w.dequantize() if hasattr(w, "dequantize") else w.detach().float()
-        logits = h1[k] @ w.T
-        gap = float(logits[c1[k, 0]] - logits[c2[k, 0]])
-        bound = 2 * float(w.norm(dim=1).max()) * float((h1[k] - h2[k]).norm()) * 1.05  # x repetition penalty
+        # the scores greedy takes the argmax of (repetition penalty over frames < k, EOS and id masks): a logit moves
+        # by at most max_row_norm(W) * |dh|, a score by at most repetition_penalty times that
+        scores = talker_scores((h1[k] @ w.T)[None], [c1[:k, 0]], [params], model.config.talker.codec_eos_token_id)[0]
+        gap = float(scores[c1[k, 0]] - scores[c2[k, 0]])
+        bound = 2 * max(params.repetition_penalty, 1.0) * float(w.norm(dim=1).max()) * float((h1[k] - h2[k]).norm())
         assert gap <= bound, f"{label}: frame {k} c0 {int(c1[k, 0])} -> {int(c2[k, 0])} is no near-tie " \
                              f"(logit gap {gap:.3g} > {bound:.3g})"
     return k
@@ -203,7 +214,7 @@ def test_two_ranks_follow_one_rank(tiny_ckpt, mid_ckpt, size, variant, quant):
         assert len(stage.processes()) == 3  # engine core + rank 0 + rank 1
         for i, (preq, ref) in enumerate(zip(preqs, refs)):
             got = _run(stage, preq, params, rid=f"r{i}")
-            _agrees_up_to_near_ties(model, ref, got, f"{size} {variant} {quant or ''} request {i}")
+            _agrees_up_to_near_ties(model, ref, got, params, f"{size} {variant} {quant or ''} request {i}")
     finally:
         stage.close()
 
