@@ -263,8 +263,10 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
                                        quantization=quantization)
     if backend == "vllm" and profile is not None and profile.talker_tp_size.value > 1:
         import warnings  # ranks on one NUMA node run (testing, study) but gain nothing: said where it runs
+
+        from omnilab.profiles.tensor_parallel import SHARED_NODE
         for note in profile.warnings:
-            if "tensor parallelism" in note:
+            if SHARED_NODE in note:
                 warnings.warn(f"omnilab: {note}", UserWarning, stacklevel=3)
     if backend == "eager":
         mode, why = "inprocess", "the eager backend runs both stages in this process"

@@ -84,28 +84,30 @@ def measure(threads: int | None = None, frames: int = BLOCK_FRAMES) -> dict[str,
 _MEMO: dict[str, dict] = {}
 
 
-def timed_code2wav_dtype(requested=None):
-    """``kernels.code2wav_dtype.code2wav_dtype_choice(requested)`` with this machine's timing where it decides: auto
-    mode, native bf16, float32 not asked (elsewhere the rule needs none, and none is measured)."""
+def _decides(requested=None) -> bool:
+    """Whether the timing decides code2wav's dtype here: ``OMNILAB_CODE2WAV_DTYPE`` auto, native bf16, float32 not
+    asked for the pipeline (``requested``, else ``OMNILAB_DTYPE``); elsewhere the rule needs none, none is measured."""
     import os
-    import platform
 
-    from omnilab.hardware import cpu_flags
-    from omnilab.hardware_info import native_bf16
-    from omnilab.kernels.code2wav_dtype import ENV, code2wav_dtype_choice
+    from omnilab.hardware import cpu_has_native_bf16
+    from omnilab.kernels.code2wav_dtype import ENV
     from omnilab.profiles.timing import asks_fp32
 
     asked = os.environ.get("OMNILAB_DTYPE", "") if requested is None else requested
     mode = os.environ.get(ENV, "").strip().lower() or "auto"
-    needed = mode == "auto" and not asks_fp32(asked) and native_bf16(frozenset(cpu_flags()), platform.machine())[0]
-    return code2wav_dtype_choice(requested, times=code2wav_times() if needed else None)
+    return mode == "auto" and not asks_fp32(asked) and cpu_has_native_bf16()[0]
+
+
+def timed_code2wav_dtype(requested=None):
+    """``kernels.code2wav_dtype.code2wav_dtype_choice(requested)`` with this machine's timing where it decides."""
+    from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
+    return code2wav_dtype_choice(requested, times=code2wav_times() if _decides(requested) else None)
 
 
 def with_code2wav_times(times):
-    """``times`` (a path timing, or None) with this machine's code2wav timing in ``extra["code2wav"]`` where the CPU
-    computes bf16 natively, so the planner's code2wav estimate follows the dtype that will run."""
-    from omnilab.hardware import cpu_has_native_bf16
-    if times is None or not cpu_has_native_bf16()[0]:
+    """``times`` (a path timing, or None) with this machine's code2wav timing in ``extra["code2wav"]`` where it
+    decides, so the planner's code2wav estimate follows the dtype that will run (the planner's dtype is open here)."""
+    if times is None or not _decides():
         return times
     import dataclasses
     return dataclasses.replace(times, extra={**times.extra, "code2wav": code2wav_times()})

@@ -226,9 +226,8 @@ class DeployProfile:
                 warnings.append(f"{what} CPU list {format_cpulist(cpus)} holds SMT siblings {format_cpulist(pairs)}")
         ranks = self.talker_cpus.value
         if len(ranks) > 1 and len({hardware.node_of(r[0]) for r in ranks}) < len(ranks):
-            warnings.append(f"{len(ranks)} talker ranks share NUMA node(s) "
-                            f"{sorted({hardware.node_of(r[0]) for r in ranks})}: tensor parallelism brings no "
-                            f"memory-bandwidth gain there (the ranks read from the same memory); for testing and study")
+            from omnilab.profiles.tensor_parallel import shared_node_warning
+            warnings.append(shared_node_warning(len(ranks), sorted({hardware.node_of(r[0]) for r in ranks})))
         distinct = len({c for r in self.talker_cpus.value for c in r} | set(self.code2wav_cpus.value))
         if distinct > hardware.cpu_limit:
             warnings.append(f"stages use {distinct} CPUs but the cgroup quota allows {hardware.cpu_limit:g}")

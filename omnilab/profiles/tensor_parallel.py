@@ -11,6 +11,8 @@ Contract:
   once per rank, at ``threads * tp`` threads; no gain is expected there.
 - ``single_node_ranks(pools, tp, threads)``: rank CPU lists cut from the usable physical cores when there are fewer
   NUMA nodes than ranks (for testing and study); more ranks than usable cores raises ``ConfigError``.
+- ``shared_node_warning(ranks, nodes)``: the profile's warning for ranks sharing a node (:data:`SHARED_NODE` marks
+  it; ``deployment.prepare`` repeats it as a UserWarning).
 - ``propose(one_rank, per_node, nodes)``: the planner proposes one rank per NUMA node only where its estimate gains
   :data:`TP_MIN_GAIN`; it says both estimates either way.
 - ``gain_note(cost, threads, tp, own_nodes)``: the reason text stating the estimate beside one rank's.
@@ -28,6 +30,14 @@ ALLREDUCE_MS = 0.05
 # rests on priors (ALLREDUCE_MS, per-node bandwidth), and a smaller gain does not pay for a second set of processes
 TP_MIN_GAIN = 0.10
 WHY_MIN_GAIN = "the estimate's priors are not measured on this host"
+
+
+SHARED_NODE = "talker ranks share NUMA node(s)"  # the profile's warning; from_pretrained repeats it as a UserWarning
+
+
+def shared_node_warning(ranks: int, nodes: list[int]) -> str:
+    return (f"{ranks} {SHARED_NODE} {nodes}: tensor parallelism brings no memory-bandwidth gain there (the ranks read "
+            f"from the same memory); for testing and study")
 
 
 def split_fraction(geo: Any) -> float:

@@ -141,6 +141,7 @@ class OmnilabTalkerForVLLM(nn.Module):
         self.checkpoint = str(hf.omnilab_checkpoint)
         self.share_key = getattr(hf, "omnilab_share_key", None)
         self.quant_key = getattr(hf, "omnilab_quantization", None)  # Quantization.key() of the client, or None
+        self.quantization = _quant_from(hf)
         self.dtype = vllm_config.model_config.dtype
         self.stack = PagedTalkerStack(vllm_config=vllm_config, prefix=f"{prefix}.stack" if prefix else "stack")
         self.tts_config = self.stack.tts_config
@@ -240,7 +241,7 @@ class OmnilabTalkerForVLLM(nn.Module):
         """Fill ``self.talker``: the in-process shared talker when available, else from the checkpoint.
         Returns ``"shared"`` or ``"disk"``."""
         shared = _SHARED.get(self.share_key) if self.share_key else None
-        quant = from_key(self.quant_key) if self.quant_key else None  # the client's choice (view config)
+        quant = self.quantization  # the client's choice (view config)
         same = shared is not None and shared.dtype == self.dtype and _quant_key(shared) == (self.quant_key or None)
         source = "shared" if same and self.stack.tp_size == 1 else "disk"
         self.stack.talker = shared if source == "shared" else \
@@ -277,6 +278,7 @@ def vec_kv_layout() -> None:
 
 
 def _quant_from(hf: Any) -> Any:
+    """The client's quantization choice the view config carries (``omnilab_quantization``), or None."""
     key = getattr(hf, "omnilab_quantization", None)
     return from_key(key) if key else None
 
