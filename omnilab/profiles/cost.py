@@ -23,9 +23,11 @@ predictor's 15 passes reuse its weights from cache), else ``_CORE_PERF``'s per-t
 fitted on a 2-core Xeon (Emerald Rapids) from two measured frames of one grid run (0.6B, 2 threads: unquantized
 132 ms, int4 45.3 ms; path timing 20.5 GB/s at 1 row); the x86 per-thread figures match a 2-core Zen 4 run
 within 10 %; the Arm and no-SIMD ones are the x86 one scaled by peak SIMD width (assumptions). code2wav: GFLOP per
-chunk at a per-thread rate (x86: fitted on the same run, fp32 33.7 and bf16 AMX 17.1 ms per frame at 2 threads,
-25-frame chunks; AVX2: a 2-core AVX2 EPYC guest's 49-59 ms per frame at 2 threads). Pass ``StageTimes`` to use
-measured numbers instead.
+chunk (its frames + ``chunk_fixed_frames``) at a per-thread rate (x86: fitted on the same run, fp32 33.7 and bf16
+AMX 17.1 ms per frame at 2 threads, 25-frame chunks; AVX2: 2-core AVX2 EPYC guests, 49-59 ms per frame at 2 threads,
+and the fixed part from one of them: 1- and 25-frame chunks took 158.8 / 2217.7 ms at 1 thread, 115.9 / 1465.8
+and 117.5 / 1382 ms at 2, i.e. 0.85-1.23 frames of work per chunk). Pass ``StageTimes``
+to use measured numbers instead.
 """
 from __future__ import annotations
 
@@ -99,8 +101,7 @@ class ModelGeometry:
     num_code_groups: int = 16
     decoder_params: int = 114_323_137
     decoder_gflop_per_frame: float = 4.96     # steady state, 96 % in the conv decoder
-    decoder_window_frames: int = 72           # decoder sliding attention window = streaming left context
-    conv_context_frames: int = 12             # conv receptive field recomputed per chunk
+    chunk_fixed_frames: float = 1.0           # per streamed chunk, in frames of work (see chunk_gflop)
     stored_quantization: str = "none"         # decode matrices as the checkpoint stores them (pack-quantized file)
 
     @classmethod
@@ -116,8 +117,7 @@ class ModelGeometry:
         extra = {}
         if decoder is not None:
             scale = (decoder.decoder_dim / 1536) ** 2
-            extra = dict(decoder_gflop_per_frame=4.96 * scale, decoder_window_frames=decoder.sliding_window,
-                         decoder_params=int(114_323_137 * scale))
+            extra = dict(decoder_gflop_per_frame=4.96 * scale, decoder_params=int(114_323_137 * scale))
         from omnilab.config import stored_quantization
         extra["stored_quantization"] = stored_quantization(cfg.quantization_config)
         if not name:  # the config's size field names the family; a reduced test geometry says so (and its shape)
@@ -170,9 +170,11 @@ class ModelGeometry:
         return (talker + pred) * dtype_bytes + self.decoder_params * 4
 
     def chunk_gflop(self, frames: int) -> float:
-        """code2wav work for one streamed chunk: conv over frames + 12 context, transformer over + 72."""
-        g = self.decoder_gflop_per_frame
-        return g * (0.96 * (frames + self.conv_context_frames) + 0.04 * (frames + self.decoder_window_frames))
+        """code2wav work for one streamed chunk, as GFLOP: its frames plus a fixed part per chunk. The stateful
+        decoder recomputes nothing (``Code2WavState`` carries the conv contexts and the attention cache), but each
+        chunk reads the decoder's weights once (0.44 GB in fp32) and runs its GEMMs on few columns, which costs
+        ``chunk_fixed_frames`` frames of work (fitted: docs/profiles.md#cost-model)."""
+        return self.decoder_gflop_per_frame * (frames + self.chunk_fixed_frames)
 
 
 @dataclass(frozen=True)
@@ -195,9 +197,9 @@ class StageTimes:
 # (per-thread effective GB/s of a decode frame after Amdahl, per-thread GFLOP/s in the conv decoder, label); x86:
 # fitted (see the module docstring), the others scaled from it (assumptions)
 _CORE_PERF = {
-    "arm_sve": (19.0, 60.0, "aarch64 SVE"), "arm": (16.0, 30.0, "aarch64 NEON"),
-    "amx": (15.0, 230.0, "x86 AMX"), "avx512_bf16": (15.0, 120.0, "x86 AVX512_BF16"),
-    "avx512": (15.0, 115.0, "x86 AVX-512"), "avx2": (15.0, 75.0, "x86 AVX2"), "none": (11.0, 15.0, "no SIMD flags"),
+    "arm_sve": (19.0, 40.0, "aarch64 SVE"), "arm": (16.0, 20.0, "aarch64 NEON"),
+    "amx": (15.0, 152.0, "x86 AMX"), "avx512_bf16": (15.0, 79.0, "x86 AVX512_BF16"),
+    "avx512": (15.0, 76.0, "x86 AVX-512"), "avx2": (15.0, 50.0, "x86 AVX2"), "none": (11.0, 10.0, "no SIMD flags"),
 }
 FRAME_FIXED_MS = 14.0          # per frame, not scaling with bytes (fitted: see the module docstring)
 FRAME_BANDWIDTH_FACTOR = 1.37  # a frame's effective bandwidth / the path timing's DRAM GEMV bandwidth (fitted)

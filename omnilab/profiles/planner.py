@@ -370,8 +370,9 @@ def _chunking(cost: CostModel, geo: ModelGeometry, ov: Overrides, placed: dict[s
                  "doubling from the first chunk up to the steady size, so each chunk decodes while the previous one "
                  "plays" if ramp else "none: straight from the first chunk to steady chunks") + f" ({why})",
                                            ro[1] if ro else "auto"),
-             "steady_chunk_frames": Resolved(s, _set(so[1]) if so else f"{s}: code2wav recomputes 12 conv frames per "
-                                             f"chunk, x{(s + 12) / s:.2f} work at {s} frames; {why}",
+             "steady_chunk_frames": Resolved(s, _set(so[1]) if so else f"{s}: a code2wav chunk costs its frames' work "
+                                             f"+ {geo.chunk_fixed_frames:g} frame(s) (the decoder's weights read once), "
+                                             f"x{(s + geo.chunk_fixed_frames) / s:.2f} at {s} frames; {why}",
                                              so[1] if so else "auto")}, e)
 
 
