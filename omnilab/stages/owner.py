@@ -19,7 +19,8 @@ Contract (docs/reliability.md#threads-and-iterators):
   ``(None, True)`` ends the iteration. ``close()`` (also at garbage collection, and after an error or the last
   item) runs ``end()`` once; after the owner stopped (the pipeline was closed) it does nothing.
 
-May import: the standard library, ``omnilab.errors`` and ``omnilab.stages.base``.
+May import: the standard library, ``omnilab.errors``, ``omnilab.stages.base`` and ``omnilab.stages.omp_pool`` (a
+caller releases its OpenMP pool before it hands a call over: see that module).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from omnilab.errors import InputError, WorkerError
 from omnilab.stages.base import FrameOutput
+from omnilab.stages.omp_pool import release_caller_pool
 
 _POLL_S = 0.25  # how often a waiting caller checks that the owner thread still runs
 
@@ -84,6 +86,7 @@ class OwnerThread:
             return call.fn(*call.args, **call.kwargs)
         if not self.alive:
             raise InputError(self.closed_message)
+        release_caller_pool()  # the owner computes now: the caller's idle OpenMP workers would throttle its pool
         self._queue.put(call)
         try:
             while not call.done.wait(_POLL_S):
@@ -123,6 +126,7 @@ class OwnerThread:
                     call.error = e
                 finally:
                     self._current = None
+                    release_caller_pool()  # and back: the caller's own torch work then finds no idle pool here
             call.done.set()
 
     def stop(self, timeout_s: float = 60.0) -> None:

@@ -1,0 +1,92 @@
+"""Release the calling thread's GNU OpenMP thread pool before a pipeline's owner thread computes.
+
+Why: GNU OpenMP (libgomp, the runtime torch's CPU wheels ship and omnilab's kernels run on) keeps one pool of
+worker threads per thread that ever opened a parallel region. Once the workers of all pools outnumber the usable
+CPUs (``gomp_managed_threads > gomp_available_cpus``), every waiting OpenMP thread spins only ~100 iterations
+before it sleeps on a futex, in every pool, so each parallel region pays a wake-up; a talker step opens hundreds.
+A pipeline computes on its owner thread (``stages/owner.py``), while the thread that called
+``Pipeline.from_pretrained`` (loading, quantizing, timing on its own pool) keeps its pool: on two CPUs that is one
+worker too many. Measured on a 2-core AVX2-only AMD EPYC, 0.6B int4 code predictor at 2 threads, per frame: 32.5 ms
+computed on the caller's thread alone, 64.7 ms on the owner thread while the caller held its pool, 35.4 ms once the
+caller's pool was released (``omp_pause_resource_all``).
+
+``release_caller_pool()``: the owner thread's callers call it before they hand over a call. It calls OpenMP 5.0's
+``omp_pause_resource_all(omp_pause_soft)`` in libgomp, which frees the calling thread's pool (its workers exit; the
+next parallel region on that thread starts a new one, a thread start or two). Only where libgomp is the process's
+runtime (found among the loaded libraries, ``/proc/self/maps``) and only outside a parallel region (libgomp then
+returns -1 and does nothing); LLVM/Intel OpenMP is left alone (it has no such throttle; there a hard pause would
+end the runtime). ``OMNILAB_OMP_RELEASE=auto`` (default) | ``off``; another value is a ``ConfigError`` naming the
+accepted ones.
+
+May import: the standard library and ``omnilab.errors`` (``stages/owner.py`` imports it; no torch).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+from omnilab.errors import ConfigError
+
+ENV = "OMNILAB_OMP_RELEASE"
+MODES = ("auto", "off")
+_PAUSE_SOFT = 1  # omp_pause_soft (OpenMP 5.0)
+_lock = threading.Lock()
+_pause = None       # the resolved omp_pause_resource_all, or False where there is none to call
+_why = ""
+
+
+def mode() -> str:
+    raw = (os.environ.get(ENV, "auto") or "auto").strip().lower()
+    if raw not in MODES:
+        raise ConfigError(f"{ENV}={os.environ.get(ENV)!r}; accepted: {', '.join(MODES)}")
+    return raw
+
+
+def _libgomp_path() -> str | None:
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()  # address perms offset dev inode [path]
+                if len(parts) >= 6 and os.path.basename(parts[5]).startswith("libgomp"):
+                    return parts[5]
+    except OSError:
+        return None
+    return None
+
+
+def _resolve():
+    """(function or False, why): libgomp's ``omp_pause_resource_all`` when libgomp is loaded."""
+    global _pause, _why
+    with _lock:
+        if _pause is None:
+            path = _libgomp_path()
+            if path is None:
+                _pause, _why = False, "no libgomp loaded in this process (no GNU OpenMP pools to release)"
+            else:
+                fn = getattr(ctypes.CDLL(path), "omp_pause_resource_all", None)
+                if fn is None:
+                    _pause, _why = False, f"{path} has no omp_pause_resource_all (OpenMP < 5.0)"
+                else:
+                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                    _pause, _why = fn, f"libgomp ({path}): omp_pause_resource_all frees the caller's pool"
+        return _pause, _why
+
+
+def release_caller_pool() -> bool:
+    """Free the calling thread's libgomp pool (see the module docstring). True when it was released (or there was
+    none); False when off, when the process has no libgomp, or inside a parallel region."""
+    if mode() == "off":
+        return False
+    fn, _ = _resolve()
+    return bool(fn) and fn(_PAUSE_SOFT) == 0
+
+
+def describe() -> str:
+    """One line: what ``release_caller_pool`` does in this process, and why."""
+    if mode() == "off":
+        return f"off ({ENV}=off): the caller keeps its OpenMP pool"
+    return _resolve()[1]
+
+
+__all__ = ["release_caller_pool", "describe", "mode", "ENV", "MODES"]
