@@ -43,7 +43,3 @@ if __name__ == "__main__":
     dt, why = resolve_dtype(None)
     print(f"talker dtype for dtype='auto': {str(dt).replace('torch.', '')}")
     print(f"  reason: {why}")
-    from omnilab.stages import omp_pool
-    print(f"OpenMP pools around pipeline calls: {'release' if omp_pool.mode() == 'auto' else 'keep'} "
-          f"({omp_pool.ENV}={omp_pool.mode()})")
-    print(f"  reason: {omp_pool.describe()}")

@@ -75,9 +75,3 @@ def test_a_bad_setting_names_the_accepted_values(monkeypatch):
     with pytest.raises(ConfigError, match="OMNILAB_OMP_RELEASE='sometimes'; accepted: auto, off"):
         omp_pool.release_caller_pool()
 
-
-def test_the_kernel_report_says_what_happens_to_the_pools():
-    out = subprocess.run([sys.executable, "-m", "omnilab.kernels"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMNILAB_OMP_RELEASE": "off"}, timeout=300).stdout
-    assert "OpenMP pools around pipeline calls: keep (OMNILAB_OMP_RELEASE=off)" in out
-    assert "the caller keeps its OpenMP pool" in out
