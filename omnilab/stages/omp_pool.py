@@ -10,7 +10,9 @@ worker too many. Measured on a 2-core AVX2-only AMD EPYC, 0.6B int4 code predict
 computed on the caller's thread alone, 64.7 ms on the owner thread while the caller held its pool, 35.4 ms once the
 caller's pool was released (``omp_pause_resource_all``).
 
-``release_caller_pool()``: the owner thread's callers call it before they hand over a call. It calls OpenMP 5.0's
+``release_caller_pool()``: the owner thread's callers call it before they hand over a call (the owner keeps its
+pool: releasing it after each call as well left a vLLM engine-core process behind when a tensor-parallel rank had
+died, tests/stages/test_vllm_tensor_parallel.py, cause not found). It calls OpenMP 5.0's
 ``omp_pause_resource_all(omp_pause_soft)`` in libgomp, which frees the calling thread's pool (its workers exit; the
 next parallel region on that thread starts a new one, a thread start or two). Only where libgomp is the process's
 runtime (found among the loaded libraries, ``/proc/self/maps``) and only outside a parallel region (libgomp then

@@ -126,7 +126,6 @@ class OwnerThread:
                     call.error = e
                 finally:
                     self._current = None
-                    release_caller_pool()  # and back: the caller's own torch work then finds no idle pool here
             call.done.set()
 
     def stop(self, timeout_s: float = 60.0) -> None:

@@ -50,8 +50,8 @@ print(json.dumps({"base": base, "main_pool": main_pool, **res, "end": n(), "why"
 @pytest.mark.parametrize("setting", ["auto", "off"])
 def test_a_pipeline_call_leaves_no_idle_pool_behind(tiny_ckpt, setting):
     """The user's path: the caller loaded the model (and did torch work of its own), then generates. With the
-    release (default) neither the caller nor the owner thread keeps its workers after the call; with
-    OMNILAB_OMP_RELEASE=off both pools stay (the state that throttled)."""
+    release (default) the caller's pool is gone after the call and only the owner thread's (the one that computes)
+    remains; with OMNILAB_OMP_RELEASE=off both pools stay (the state that throttled)."""
     r = _run(f"""
 import omnilab
 pipe = omnilab.Pipeline.from_pretrained({str(tiny_ckpt('custom_voice'))!r}, backend="eager")
@@ -63,7 +63,7 @@ print(json.dumps({{"base": base, "grown": grown, "after": n(), "frames": int(cod
 pipe.close()
 """, {"OMNILAB_OMP_RELEASE": setting})
     assert r["frames"] > 0
-    if setting == "auto":  # no pool left by the earlier calls; the caller's new one is released by the next call
+    if setting == "auto":  # the earlier calls left only the owner's pool; the caller's new one goes with the next
         assert r["grown"] == r["base"] + 1 and r["after"] == r["base"]
     else:  # the caller's pool from loading, and the owner's, stay throughout
         assert r["grown"] == r["base"] and r["after"] == r["base"]
