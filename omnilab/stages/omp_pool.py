@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 
 from omnilab.errors import ConfigError
@@ -64,7 +65,10 @@ def _resolve():
         if _pause is None:
             path = _libgomp_path()
             if path is None:
-                _pause, _why = False, "no libgomp loaded in this process (no GNU OpenMP pools to release)"
+                why = "no libgomp loaded in this process (no GNU OpenMP pools to release)"
+                if "torch" not in sys.modules:  # torch loads it: look again after its import, not on every call
+                    return False, why
+                _pause, _why = False, why
             else:
                 fn = getattr(ctypes.CDLL(path), "omp_pause_resource_all", None)
                 if fn is None:
