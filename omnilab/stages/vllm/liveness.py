@@ -11,7 +11,8 @@ Contract (used by :class:`~omnilab.stages.vllm.engine.VllmTalkerStage`):
   with a client-side deadline (vLLM's own client waits for the answer without one): ``TimeoutError`` after
   ``timeout_s``, :class:`~omnilab.errors.WorkerError` as soon as ``alive()`` is False.
 - ``wait_for_output(engine_core, timeout_s, alive)``: a step's outputs, or why none came (``"dead"``/``"timeout"``).
-- ``renice(engine, nice)``, ``shutdown(engine_core)``: lower the engine core's priority; stop it, quietly.
+- ``renice(engine, nice)``: lower the engine core's priority.
+- ``shutdown(engine_core)``: stop it, quietly, and reap its processes: none is left running or as a zombie.
 """
 from __future__ import annotations
 
@@ -128,6 +129,20 @@ def renice(engine, nice: int) -> None:
                     os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 
-def shutdown(engine_core) -> None:
+def shutdown(engine_core, reap_s: float = 5.0) -> None:
+    """Stop the engine and reap its engine-core processes.
+
+    vLLM's shutdown sends SIGTERM, waits ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` and then SIGKILLs what is left,
+    without waiting for it: a killed engine core stays a zombie child of this process until something reaps it
+    (seen after a dead tensor-parallel rank, whose engine core takes more than the 5 s grace to leave). So every
+    engine-core process is joined here, and one still running after vLLM's shutdown (which may have raised midway)
+    is killed first."""
+    procs = engine_processes(engine_core)
     with contextlib.suppress(Exception):
         engine_core.shutdown()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(reap_s)
+            if p.is_alive():
+                p.kill()
+                p.join(reap_s)
