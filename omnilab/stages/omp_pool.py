@@ -10,9 +10,12 @@ worker too many. Measured on a 2-core AVX2-only AMD EPYC, 0.6B int4 code predict
 computed on the caller's thread alone, 64.7 ms on the owner thread while the caller held its pool, 35.4 ms once the
 caller's pool was released (``omp_pause_resource_all``).
 
-``release_caller_pool()``: the owner thread's callers call it before they hand over a call (the owner keeps its
-pool: releasing it after each call as well left a vLLM engine-core process behind when a tensor-parallel rank had
-died, tests/stages/test_vllm_tensor_parallel.py, cause not found). It calls OpenMP 5.0's
+``release_caller_pool()``: the owner thread's callers call it before they hand over a call, and the owner thread
+after each call, so a pipeline that is not computing holds no pool: two pipelines side by side in one process (a
+comparison, ``quality.compare``, the bench's interleaved rounds) each have an owner thread. Measured there (same
+CPU, bench rounds with an eager and a vLLM in-process pipeline, int4): vLLM step 119 / 228 ms with the caller's
+release alone, 75.5 / 74.4 ms with the owner's too; eager 66.9-78.1 ms in both (a busy host: 8-23 % run-queue
+wait, but the gap is far outside it). It calls OpenMP 5.0's
 ``omp_pause_resource_all(omp_pause_soft)`` in libgomp, which frees the calling thread's pool (its workers exit; the
 next parallel region on that thread starts a new one, a thread start or two). Only where libgomp is the process's
 runtime (found among the loaded libraries, ``/proc/self/maps``) and only outside a parallel region (libgomp then

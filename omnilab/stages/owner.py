@@ -126,6 +126,7 @@ class OwnerThread:
                     call.error = e
                 finally:
                     self._current = None
+                    release_caller_pool()  # and back: no idle pool here throttles the caller or another pipeline's owner
             call.done.set()
 
     def stop(self, timeout_s: float = 60.0) -> None:
