@@ -22,6 +22,8 @@ Contract:
   by ``multiprocessing``'s spawn and is re-running the user's main script (no ``__main__`` guard), prints
   one line and exits with :data:`MAIN_GUARD_EXIT_CODE` before anything is built (so nothing is leaked);
   the client turns that exit code into ``main_guard_error(what)``.
+- ``reap(proc, grace_s)``: wait up to ``grace_s`` for a ``multiprocessing`` process that was asked to stop, kill it if
+  it still runs, and join it: it is neither left running nor a zombie child of this process.
 - ``restart_stages(talker, code2wav) -> (talker, code2wav)`` (``Pipeline.restart``): a stage with worker
   processes is closed and replaced by ``stage.respawn()`` (new processes, built as before: code2wav first, as at
   build time); a stage in this process is closed (its requests and sessions dropped) and kept.
@@ -67,6 +69,13 @@ def worker_timeout_s(environ: Mapping[str, str] | None = None) -> float:
 def timeout_error(worker: str, wait: str, timeout_s: float) -> WorkerError:
     return WorkerError(f"{worker} did not answer {wait} within {timeout_s:g} s ({WORKER_TIMEOUT_ENV}); it is "
                        f"stopped, frozen or overloaded. Close this pipeline (or pipe.restart()) to replace it")
+
+
+def reap(proc, grace_s: float) -> None:
+    proc.join(grace_s)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5.0)
 
 
 # ---- parent death -----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Release the calling thread's GNU OpenMP thread pool before a pipeline's owner thread computes.
+"""Release the calling thread's GNU OpenMP thread pool around the calls a pipeline's owner thread computes.
 
 Why: GNU OpenMP (libgomp, the runtime torch's CPU wheels ship and omnilab's kernels run on) keeps one pool of
 worker threads per thread that ever opened a parallel region. Once the workers of all pools outnumber the usable
@@ -94,7 +94,7 @@ def release_caller_pool() -> bool:
 def describe() -> str:
     """One line: what ``release_caller_pool`` does in this process, and why."""
     if mode() == "off":
-        return f"off ({ENV}=off): the caller keeps its OpenMP pool"
+        return f"off ({ENV}=off): the caller and the owner thread keep their OpenMP pools"
     return _resolve()[1]
 
 

@@ -67,7 +67,7 @@ def test_an_engine_core_left_running_by_a_failed_shutdown_is_killed_and_reaped()
     core, proc = _fake_client(kill_like_vllm=False)
     try:
         t0 = time.perf_counter()
-        liveness.shutdown(core, reap_s=1.0)
+        liveness.shutdown(core)
         assert proc.pid not in _child_pids()
         assert not liveness.engine_alive(core)
         assert time.perf_counter() - t0 < 10

@@ -113,10 +113,7 @@ class RemoteCode2WavSession:
 def _stop(proc, conn) -> None:
     with contextlib.suppress(Exception):
         conn.send(("stop",))
-    proc.join(5.0)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(5.0)
+    lifecycle.reap(proc, 5.0)
     with contextlib.suppress(Exception):
         conn.close()
 

@@ -25,6 +25,7 @@ import uuid
 from typing import Any, Callable
 
 from omnilab.errors import WorkerError
+from omnilab.stages import lifecycle
 
 
 def engine_processes(engine_core) -> list:
@@ -129,20 +130,17 @@ def renice(engine, nice: int) -> None:
                     os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 
-def shutdown(engine_core, reap_s: float = 5.0) -> None:
+def shutdown(engine_core) -> None:
     """Stop the engine and reap its engine-core processes.
 
     vLLM's shutdown sends SIGTERM, waits ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` and then SIGKILLs what is left,
     without waiting for it: a killed engine core stays a zombie child of this process until something reaps it
     (seen after a dead tensor-parallel rank, whose engine core takes more than the 5 s grace to leave). So every
-    engine-core process is joined here, and one still running after vLLM's shutdown (which may have raised midway)
-    is killed first."""
+    engine-core process is reaped here, with no second grace: vLLM gave it one, and one still running after a
+    shutdown that raised midway is killed."""
     procs = engine_processes(engine_core)
     with contextlib.suppress(Exception):
         engine_core.shutdown()
     for p in procs:
         with contextlib.suppress(Exception):
-            p.join(reap_s)
-            if p.is_alive():
-                p.kill()
-                p.join(reap_s)
+            lifecycle.reap(p, 0.0)
