@@ -54,6 +54,7 @@ class Deployment:
     weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
     snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
     code2wav_dtype: Any = None     # omnilab.kernels.code2wav_dtype.Code2WavDtype of code2wav's conv decoder (idem)
+    code2wav_conv: Any = None      # omnilab.kernels.code2wav_conv.Code2WavConv: its fp32 conv path (idem)
     quantization: Any = None       # QuantizationRow of the talker's decode matrices (idem; None: not resolved)
     paths: Any = None              # omnilab.kernels.timing.LinearPaths: bf16 decode rows, prefill GEMMs (idem)
     not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
@@ -87,6 +88,8 @@ class Deployment:
             out.append(("code2wav activation", f"{self.snake.label}: {self.snake.reason}"))
         if self.code2wav_dtype is not None:
             out.append(("code2wav dtype", f"{self.code2wav_dtype.label}: {self.code2wav_dtype.reason}"))
+        if self.code2wav_conv is not None:
+            out.append(("code2wav fp32 convs", f"{self.code2wav_conv.label}: {self.code2wav_conv.reason}"))
         if self.quantization is not None:
             out.append(("quantization", self.quantization.text()))
         out += [(f"not applied: {name}", why) for name, why in self.not_applied]

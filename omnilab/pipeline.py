@@ -138,6 +138,7 @@ class Pipeline(OwnedRequests, PipelineRepr):
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
         from omnilab.kernels import gemv_choice
+        from omnilab.kernels.code2wav_conv import conv_choice
         from omnilab.models.code2wav_timing import timed_code2wav_dtype as c2w_dtype
         from omnilab.kernels.hugepages import hugepages_choice
         from omnilab.kernels.snake import snake_choice
@@ -152,7 +153,7 @@ class Pipeline(OwnedRequests, PipelineRepr):
         quant = quant_row.choice
         dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(), weights=weights,
                                   snake=snake_choice(), quantization=quant_row, code2wav_dtype=c2w_dtype(dtype),
-                                  paths=linear_paths())
+                                  code2wav_conv=conv_choice(), paths=linear_paths())
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm.deploy import build_stages, client_load_options

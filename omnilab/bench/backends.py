@@ -10,7 +10,8 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
   ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` / ``+int4-g32`` / ``+int4-g64`` (decode
   matrices quantized at load), ``+int8-acts`` / ``+fp32-acts`` (their activations); ``+fp32-code2wav`` /
-  ``+bf16-code2wav`` set code2wav's dtype (``OMNILAB_CODE2WAV_DTYPE``); ``+tp2`` (vllm-workers only) runs two
+  ``+bf16-code2wav`` set code2wav's dtype (``OMNILAB_CODE2WAV_DTYPE``), ``+taps-conv`` / ``+direct-conv`` its fp32
+  conv path (``OMNILAB_CODE2WAV_CONV``); ``+tp2`` (vllm-workers only) runs two
   tensor-parallel talker ranks (``OMNILAB_TALKER_TP=2``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute
   dtype (``+auto``: what a user who passes no dtype gets) instead of ``--dtype``. ``expand`` crosses configurations
   with ``--quantization`` and ``--dtype`` lists. ``vllm-compiled``, ``vllm-inductor`` and ``vllm-workers-inductor``
@@ -60,6 +61,8 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+fp32": {}, "+bf16": {}, "+auto": {},  # the compute dtype asked for (DTYPE_SUFFIXES; default: --dtype)
     "+fp32-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "float32"},  # code2wav's dtype (default: its auto rule)
     "+bf16-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "bfloat16"},
+    "+taps-conv": {"OMNILAB_CODE2WAV_CONV": "taps"},  # code2wav's fp32 convs as per-tap GEMMs (default: auto)
+    "+direct-conv": {"OMNILAB_CODE2WAV_CONV": "direct"},  # ... all as oneDNN's direct convolution
     "+tp2": {"OMNILAB_TALKER_TP": "2"},  # two tensor-parallel talker ranks from the auto profile (vllm-workers only)
 }
 DTYPE_SUFFIXES = {"+fp32": "float32", "+bf16": "bfloat16", "+auto": "auto"}  # "auto": dtype=None, the planner's rule
@@ -227,6 +230,7 @@ def labels(pipe: Any) -> dict[str, Any]:
             (f"int4-g{q.group_size}" if q.method == "int4" else q.method),
             "decode_bytes_per_frame": decode_bytes_per_frame(pipe.model.talker),
             "code2wav_dtype": dep.code2wav_dtype.label if dep.code2wav_dtype is not None else None,
+            "code2wav_conv": dep.code2wav_conv.label if dep.code2wav_conv is not None else None,
             "deploy_profile": pipe.profile.name if pipe.profile is not None else None,
             "variant": pipe.model.config.tts_model_type,
             "processes": {str(k): v for k, v in pipe.processes().items()}}

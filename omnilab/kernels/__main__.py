@@ -33,6 +33,8 @@ if __name__ == "__main__":
     say("decoder one-token attention", attention_choice())
     say("decoder stack step (all layers in one call) and SwiGLU", stack_choice())
     say("code2wav SnakeBeta", snake_choice())
+    from omnilab.kernels.code2wav_conv import conv_choice
+    say("code2wav fp32 convolutions", conv_choice())
     from omnilab.models.code2wav_timing import timed_code2wav_dtype
     say("code2wav dtype for dtype='auto'", timed_code2wav_dtype())  # what a pipeline gets: its timing where it decides
     from omnilab.checkpoint.load import resolve_dtype

@@ -33,6 +33,7 @@ from torch import nn
 
 from omnilab.config import Code2WavConfig
 from omnilab.errors import InputError
+from omnilab.kernels.code2wav_conv import NEVER
 from omnilab.models.code2wav_layers import (
     CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, DecoderTransformer, EuclideanCodebook,
     LayerScale, ResidualUnit, SnakeBeta, SplitResidualVQ, StatefulModule,
@@ -81,6 +82,7 @@ class Code2Wav(nn.Module):
             if isinstance(m, StatefulModule) and m.state_shape() is not None:
                 m.state_key = name
                 self._state_shapes[name] = m.state_shape()
+        self.set_conv()  # the fp32 conv path: OMNILAB_CODE2WAV_CONV's (set_conv again to change it)
 
     # ------------------------------------------------------------------ core pass
     def _run(self, codes: torch.Tensor, st: dict, frames_done: torch.Tensor) -> torch.Tensor:
@@ -215,6 +217,20 @@ class Code2Wav(nn.Module):
                     if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
                         m.conv.to(dtype)
                         m._taps.__init__(), m._fused.__init__()  # drop layouts derived from the old weights
+                        if isinstance(m, CausalConvTranspose1d):
+                            m._direct.__init__()
+        return self
+
+    def set_conv(self, choice=None) -> "Code2Wav":
+        """How the fp32 convs run: ``choice`` an ``omnilab.kernels.code2wav_conv.Code2WavConv`` (None:
+        ``conv_choice()``, from ``OMNILAB_CODE2WAV_CONV``): oneDNN's direct conv from ``choice.min_samples`` input
+        samples, per-tap GEMMs below (docs/kernels.md#code2wav-convolutions); ``conv_path`` says which is set."""
+        from omnilab.kernels.code2wav_conv import conv_choice
+
+        self.conv_path = choice or conv_choice()
+        for m in self.modules():
+            if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
+                m.direct_min_samples = self.conv_path.min_samples
         return self
 
     # ------------------------------------------------------------------ derived tensors
@@ -223,14 +239,19 @@ class Code2Wav(nn.Module):
         """Precompute derived tensors now (they are otherwise built on first use and rebuilt
         automatically after the weights change): codebooks, Snake coefficients, and tap-major copies
         of the k > 1 conv / transposed-conv weights (about 0.23 GB extra for the released geometry; in bf16 the
-        side-by-side layout of ``conv1d_fused``, half that)."""
+        side-by-side layout of ``conv1d_fused``, half that), and the direct-conv layout of the transposed convs."""
         for m in self.modules():
             if isinstance(m, SnakeBeta):
                 m.coefficients()
             elif isinstance(m, EuclideanCodebook):
                 m.table()
             elif isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
-                m.taps() if m.conv.weight.dtype == torch.float32 else m.fused()
+                if m.conv.weight.dtype != torch.float32:
+                    m.fused()
+                    continue
+                m.taps()
+                if isinstance(m, CausalConvTranspose1d) and m.direct_min_samples < NEVER:
+                    m.direct()
         return self
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnilab.kernels.code2wav_conv import NEVER
 from omnilab.kernels.snake import snake_beta
 from omnilab.models.layers import RMSNorm, SwiGLU, apply_rope
 
@@ -69,7 +70,8 @@ def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
     ``[B, Cout, Lp - (k-1)*dilation]``.
 
     Uses BLAS directly on strided views (no im2col copy, no per-call weight reorder as oneDNN does),
-    which is 1.5-3x faster than ``F.conv1d`` for the short inputs of streaming chunks. Batch rows are
+    which is faster than ``F.conv1d`` for the short inputs of streaming chunks (the modules switch to ``F.conv1d``
+    for long ones: kernels/code2wav_conv.py). Batch rows are
     laid side by side so the weights are read once per call for the whole batch.
     """
     k = taps.shape[0]
@@ -115,6 +117,7 @@ class CausalConv1d(StatefulModule):
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.dilation = dilation
         self.context_samples = (kernel_size - 1) * dilation
+        self.direct_min_samples = NEVER  # fp32: oneDNN's conv from this input length (Code2Wav.set_conv)
         self._taps, self._fused = _Derived(), _Derived()
 
     def state_shape(self):
@@ -137,6 +140,8 @@ class CausalConv1d(StatefulModule):
             return self.conv(x)
         if self.conv.weight.dtype != x.dtype:  # bf16 weights, fp32 activations: one bf16 GEMM
             return conv1d_fused(x, self.fused(), self.conv.bias, self.conv.kernel_size[0], self.dilation)
+        if x.shape[-1] >= self.direct_min_samples:  # long input: oneDNN (kernels/code2wav_conv.py)
+            return F.conv1d(x, self.conv.weight, self.conv.bias, dilation=self.dilation)
         return conv1d_taps(x, self.taps(), self.conv.bias, self.dilation)
 
 
@@ -154,7 +159,8 @@ class CausalConvTranspose1d(StatefulModule):
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
         self.stride = stride
         self.overlap = kernel_size > stride
-        self._taps, self._fused = _Derived(), _Derived()
+        self.direct_min_samples = NEVER  # as CausalConv1d's
+        self._taps, self._fused, self._direct = _Derived(), _Derived(), _Derived()
 
     def state_shape(self):
         return (self.conv.in_channels, 1) if self.overlap else None
@@ -177,6 +183,10 @@ class CausalConvTranspose1d(StatefulModule):
             return taps.permute(1, 0, 2).reshape(taps.shape[1], -1).contiguous(), bias
         return self._fused.get(build, self.conv.weight, self.conv.bias)
 
+    def direct(self) -> torch.Tensor:
+        """The taps as an ``F.conv1d`` weight ``[Cout*s, Cin, k/s]`` (tap 0 on the oldest input, as in ``taps``)."""
+        return self._direct.get(lambda: self.taps()[0].permute(1, 2, 0).contiguous(), self.conv.weight)
+
     def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:  # [B, Cin, L] -> [B, Cout, L*s] (x's dtype)
         if self.overlap:
             x = torch.cat([st[self.state_key], x], dim=-1)
@@ -184,6 +194,8 @@ class CausalConvTranspose1d(StatefulModule):
         if self.conv.weight.dtype != x.dtype:  # bf16 weights, fp32 activations: one bf16 GEMM
             w, bias = self.fused()
             y = conv1d_fused(x, w, bias, 2 if self.overlap else 1)  # [B, Cout*s, L]
+        elif x.shape[-1] >= self.direct_min_samples:
+            y = F.conv1d(x, self.direct(), self.taps()[1])  # [B, Cout*s, L]
         else:
             taps, bias = self.taps()
             y = conv1d_taps(x, taps, bias)  # [B, Cout*s, L]

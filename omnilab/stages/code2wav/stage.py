@@ -116,7 +116,8 @@ class Code2WavStage:
         """``pid`` and ``torch_threads``: the threads this stage's decodes run with (in this process)."""
         return {"pid": os.getpid(), "torch_threads": self.threads or torch.get_num_threads(),
                 "sessions": sorted(map(str, self._sessions)),
-                "code2wav_dtype": str(self.decoder.compute_dtype).removeprefix("torch.")}
+                "code2wav_dtype": str(self.decoder.compute_dtype).removeprefix("torch."),
+                "code2wav_conv": self.decoder.conv_path.label}
 
     def decode(self, codes, prefix_codes=None) -> np.ndarray:
         """Whole-utterance decode of ``codes [T, 16]`` -> float32 audio ``[T * 1920]``."""

@@ -167,4 +167,5 @@ def _info(states: dict) -> dict[str, Any]:
     return {"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "sessions": sorted(map(str, states)),
             "thread_cpus": tasks, "snake": snake_choice().label,
-            "code2wav_dtype": str(_MODEL[0].compute_dtype).removeprefix("torch.") if _MODEL else None}
+            "code2wav_dtype": str(_MODEL[0].compute_dtype).removeprefix("torch.") if _MODEL else None,
+            "code2wav_conv": _MODEL[0].conv_path.label if _MODEL else None}

@@ -1,0 +1,69 @@
+"""code2wav's fp32 conv paths (omnilab/kernels/code2wav_conv.py): oneDNN's direct convolution for long inputs and
+per-tap GEMMs agree to fp32 rounding, layer by layer and through the whole decoder, streamed or offline.
+
+Tolerance: the two paths sum the same k * Cin products in other orders, so they may differ by ~sqrt(K) * 2^-24 of
+the sum's magnitude (K <= 7 * 1536 here) on any CPU, not bit for bit (tests/models/test_code2wav.py: REORDER_ATOL)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnilab.kernels.code2wav_conv import NEVER, conv_choice
+from omnilab.models.code2wav_layers import CausalConv1d, CausalConvTranspose1d
+from tests.models.test_code2wav import REORDER_ATOL, SPF, rand_codes, tiny_model
+
+
+def _run(m, x, path_min, state):
+    m.direct_min_samples = path_min
+    st = {m.state_key: state.clone()}
+    return m(x, st), st[m.state_key]
+
+
+@pytest.mark.parametrize("dilation", [1, 3, 9])
+def test_causal_conv_paths_agree(dilation):
+    torch.manual_seed(0)
+    m = CausalConv1d(48, 40, 7, dilation=dilation).requires_grad_(False)
+    m.state_key = "c"
+    x, state = torch.randn(2, 48, 300), torch.randn(2, 48, 6 * dilation)
+    (a, sa), (b, sb) = _run(m, x, NEVER, state), _run(m, x, 0, state)
+    assert a.shape == b.shape == (2, 40, 300)
+    torch.testing.assert_close(b, a, rtol=0, atol=1e-5)  # O(1) outputs, K = 7 * 48
+    assert torch.equal(sa, sb)  # the carried context does not depend on the path
+
+
+@pytest.mark.parametrize("k, stride", [(16, 8), (3, 3)])
+def test_transposed_conv_paths_agree(k, stride):
+    torch.manual_seed(1)
+    m = CausalConvTranspose1d(32, 24, k, stride).requires_grad_(False)
+    m.state_key = "t"
+    x, state = torch.randn(1, 32, 50), torch.randn(1, 32, 1)
+    (a, _), (b, _) = _run(m, x, NEVER, state), _run(m, x, 0, state)
+    assert a.shape == b.shape == (1, 24, 50 * stride)
+    torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+
+
+def test_decoder_paths_agree_streamed_and_offline():
+    """The default rule streamed in uneven chunks == per-tap GEMMs offline == all direct offline, to rounding; and
+    the rule does run both paths (the tiny decoder's last blocks see >= 1000 samples per 12-frame chunk)."""
+    m = tiny_model()
+    codes = rand_codes(24)
+    ref = m.set_conv(conv_choice(env="taps"))(codes)
+    direct = m.set_conv(conv_choice(env="direct"))(codes)
+    m.set_conv(conv_choice(env="auto"))
+    calls = {"direct": 0}
+    orig = torch.nn.functional.conv1d
+
+    def counting(*a, **kw):
+        calls["direct"] += 1
+        return orig(*a, **kw)
+    st = m.start_stream(1)
+    try:
+        torch.nn.functional.conv1d = counting
+        streamed = torch.cat([m.decode_chunk(st, codes[..., a:b]) for a, b in ((0, 1), (1, 13), (13, 24))], dim=-1)
+    finally:
+        torch.nn.functional.conv1d = orig
+    assert calls["direct"] > 0
+    assert streamed.shape == ref.shape == (1, 1, 24 * SPF)
+    torch.testing.assert_close(direct, ref, rtol=0, atol=REORDER_ATOL)
+    torch.testing.assert_close(streamed, ref, rtol=0, atol=REORDER_ATOL)
+    assert m.conv_path.mode == "auto" and (ref - m.set_conv(conv_choice(env="taps"))(codes)).abs().max() == 0
