@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnilab.kernels.code2wav_conv import NEVER
+from omnilab.models.conv_paths import conv1d_fused, conv1d_taps, linear_rows
 from omnilab.kernels.snake import snake_beta
 from omnilab.models.layers import RMSNorm, SwiGLU, apply_rope
 
@@ -63,49 +64,6 @@ class StatefulModule(nn.Module):
     def state_shape(self) -> tuple[int, ...] | None:
         """Per-request state shape without the batch dim, or ``None`` for no state."""
         return None
-
-
-def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, dilation: int = 1) -> torch.Tensor:
-    """Valid (unpadded) conv as one GEMM per tap: x ``[B, Cin, Lp]``, taps ``[k, Cout, Cin]`` ->
-    ``[B, Cout, Lp - (k-1)*dilation]``.
-
-    Uses BLAS directly on strided views (no im2col copy, no per-call weight reorder as oneDNN does),
-    which is faster than ``F.conv1d`` for the short inputs of streaming chunks (the modules switch to ``F.conv1d``
-    for long ones: kernels/code2wav_conv.py). Batch rows are
-    laid side by side so the weights are read once per call for the whole batch.
-    """
-    k = taps.shape[0]
-    bsz, cin, lp = x.shape
-    span = (k - 1) * dilation
-    xf = x[0] if bsz == 1 else x.transpose(0, 1).reshape(cin, bsz * lp)  # [Cin, B*Lp]
-    n = xf.shape[1] - span
-    out = torch.mm(taps[0], xf[:, :n]) if bias is None else torch.addmm(bias[:, None], taps[0], xf[:, :n])
-    for j in range(1, k):
-        out.addmm_(taps[j], xf[:, j * dilation:j * dilation + n])
-    if bsz == 1:
-        return out[None]
-    return torch.stack([out[:, r * lp:r * lp + lp - span] for r in range(bsz)])
-
-
-def conv1d_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, k: int,
-                 dilation: int = 1) -> torch.Tensor:
-    """Valid conv as ONE GEMM in ``weight``'s (low-precision) dtype: x ``[B, Cin, Lp]`` (fp32), weight ``[Cout,
-    k*Cin]`` (column ``j*Cin + c`` = tap ``j`` of input channel ``c``) -> ``[B, Cout, Lp - (k-1)*dilation]`` in
-    ``x``'s dtype (docs/kernels.md#code2wav-bf16).
-
-    ``x`` is rounded to the weight dtype once and its ``k`` shifted views are stacked along K, so the whole tap
-    sum accumulates in fp32 inside oneDNN and is rounded once (``conv1d_taps``' per-tap ``addmm_`` would round
-    the partial sums to bf16 after every tap)."""
-    bsz, cin, lp = x.shape
-    span = (k - 1) * dilation
-    xl = x.to(weight.dtype)
-    xf = xl[0] if bsz == 1 else xl.transpose(0, 1).reshape(cin, bsz * lp)  # [Cin, B*Lp]
-    n = xf.shape[1] - span
-    xu = xf if k == 1 else torch.cat([xf[:, j * dilation:j * dilation + n] for j in range(k)], dim=0)  # [k*Cin, n]
-    out = (torch.mm(weight, xu) if bias is None else torch.addmm(bias[:, None], weight, xu)).to(x.dtype)
-    if bsz == 1:
-        return out[None]
-    return torch.stack([out[:, r * lp:r * lp + lp - span] for r in range(bsz)])
 
 
 class CausalConv1d(StatefulModule):
@@ -266,7 +224,8 @@ class ConvNeXtBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, st: dict) -> torch.Tensor:  # [B, C, L]
         h = self.dwconv(x, st).transpose(1, 2)  # [B, L, C]
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        h = F.gelu(linear_rows(self.norm(h), self.pwconv1.weight, self.pwconv1.bias))  # 1-8 rows: GEMV kernel
+        h = linear_rows(h, self.pwconv2.weight, self.pwconv2.bias)
         return x + (self.gamma * h).transpose(1, 2)
 
 

@@ -67,3 +67,52 @@ def test_decoder_paths_agree_streamed_and_offline():
     torch.testing.assert_close(direct, ref, rtol=0, atol=REORDER_ATOL)
     torch.testing.assert_close(streamed, ref, rtol=0, atol=REORDER_ATOL)
     assert m.conv_path.mode == "auto" and (ref - m.set_conv(conv_choice(env="taps"))(codes)).abs().max() == 0
+
+
+# ---- short inputs: the GEMV kernel (omnilab/models/conv_paths.py) -------------------------------------------
+def _with_gemv(mode, fn):
+    from omnilab.kernels.gemv import use_gemv
+    with use_gemv(mode):
+        return fn()
+
+
+@pytest.mark.parametrize("n, dilation, batch", [(1, 1, 1), (4, 3, 1), (8, 9, 1), (1, 1, 2)])
+def test_short_conv_through_the_gemv_kernel_agrees(n, dilation, batch, monkeypatch):
+    """Up to 8 outputs per call the taps run through omnilab's GEMV kernel (rows = output positions); the GEMMs
+    (OMNILAB_CPU_GEMV=torch) give the same up to summation order (K = Cin = 64: ~1e-6 on O(1) outputs)."""
+    from omnilab.kernels.gemv import loaded_library
+    from omnilab.models.conv_paths import conv1d_taps
+    if _with_gemv("auto", loaded_library) is None:
+        pytest.skip("no GEMV kernel on this machine")
+    g = torch.Generator().manual_seed(n)
+    taps, bias = torch.randn(7, 40, 64, generator=g) * 0.1, torch.randn(40, generator=g)
+    x = torch.randn(batch, 64, (n if batch == 1 else 1) + 6 * dilation, generator=g)
+    from omnilab.kernels import gemv
+    calls, rows = [], gemv.gemv_rows
+    monkeypatch.setattr(gemv, "gemv_rows", lambda x, *a, **kw: calls.append(x.shape[0]) or rows(x, *a, **kw))
+    kernel = _with_gemv("auto", lambda: conv1d_taps(x, taps, bias, dilation))
+    assert calls == [x.shape[0] * x.shape[2] - 6 * dilation] * 7  # one call per tap, a row per output position
+    gemm = _with_gemv("torch", lambda: conv1d_taps(x, taps, bias, dilation))
+    assert len(calls) == 7
+    assert kernel.shape == gemm.shape and kernel.is_contiguous()
+    torch.testing.assert_close(kernel, gemm, rtol=0, atol=1e-5)
+
+
+def test_small_linears_and_the_first_chunk_agree_with_torch():
+    from omnilab.kernels.gemv import loaded_library
+    from omnilab.models.conv_paths import linear_rows
+    if _with_gemv("auto", loaded_library) is None:
+        pytest.skip("no GEMV kernel on this machine")
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(96, 32, generator=g) * 0.2, torch.randn(96, generator=g)
+    for rows in (1, 4, 8, 9):
+        x = torch.randn(1, rows, 32, generator=g)
+        torch.testing.assert_close(_with_gemv("auto", lambda: linear_rows(x, w, b)), torch.nn.functional.linear(x, w, b),
+                                   rtol=0, atol=1e-5)
+    m = tiny_model()
+    codes = rand_codes(3)
+
+    def stream():
+        st = m.start_stream(1)
+        return torch.cat([m.decode_chunk(st, codes[..., :1]), m.decode_chunk(st, codes[..., 1:])], dim=-1)
+    torch.testing.assert_close(_with_gemv("auto", stream), _with_gemv("torch", stream), rtol=0, atol=REORDER_ATOL)
