@@ -17,6 +17,8 @@
 - :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
 - :mod:`omnilab.kernels.code2wav_dtype`: :func:`code2wav_dtype_choice`, bf16 conv-decoder GEMMs for code2wav where
   measured faster (``OMNILAB_CODE2WAV_DTYPE``).
+- :mod:`omnilab.kernels.code2wav_conv`: :func:`~omnilab.kernels.code2wav_conv.conv_choice`, code2wav's fp32 convs on
+  oneDNN's direct convolution for long inputs, per-tap GEMMs below (``OMNILAB_CODE2WAV_CONV``).
 - :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
 - :mod:`omnilab.kernels.build` / :mod:`omnilab.kernels.trust`: the compiler cache, and loading a cached library only
   when this user built it (owner, mode, the sha256 recorded at build time; docs/kernels.md#build-and-cache).

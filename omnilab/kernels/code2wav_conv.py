@@ -17,11 +17,13 @@ Choice (:func:`conv_choice`), ``OMNILAB_CODE2WAV_CONV``:
 - ``auto`` (default): direct for a conv whose input (streaming context included) has at least :data:`MIN_SAMPLES`
   samples, per-tap GEMMs below (the measurement above: the threshold sits between the first block's 320-800
   samples of a 10-25-frame chunk, where the GEMMs were faster, and the second block's 1600+);
-- ``taps``: per-tap GEMMs everywhere (what omnilab ran before; the bench's ``+taps-conv``);
+- ``taps``: per-tap GEMMs everywhere (the bench's ``+taps-conv``; what omnilab ran before, together with
+  ``OMNILAB_CPU_GEMV=torch``, ``+torch-gemv``);
 - ``direct``: oneDNN for every conv.
 
-Only the fp32 convs of the conv decoder and the upsamplers are concerned: bf16 GEMMs (``conv1d_fused``) and the
-depthwise ConvNeXt conv keep their own path. Streaming still equals offline decoding up to fp32 rounding (a chunk's
+In every mode, a call with at most 8 outputs runs its taps through the GEMV kernel where ``OMNILAB_CPU_GEMV``
+allows it (``models/conv_paths.py``). Only fp32 dense convs are concerned (pre-conv, upsamplers, conv decoder):
+bf16 GEMMs (``conv1d_fused``) and the depthwise ConvNeXt conv keep their own path. Streaming still equals offline decoding up to fp32 rounding (a chunk's
 length can pick a different path than the offline decode's for the same samples).
 """
 from __future__ import annotations
@@ -52,9 +54,9 @@ class Code2WavConv:
     @property
     def label(self) -> str:
         if self.min_samples >= NEVER:
-            return "per-tap GEMMs"
+            return "per-tap GEMMs (GEMV kernel up to 8 outputs)"
         return "oneDNN direct" if self.min_samples == 0 else f"oneDNN direct from {self.min_samples} samples, " \
-                                                             f"per-tap GEMMs below"
+                                                             f"per-tap GEMMs below (GEMV kernel up to 8 outputs)"
 
 
 def conv_choice(env: str | None = None) -> Code2WavConv:
@@ -71,4 +73,5 @@ def conv_choice(env: str | None = None) -> Code2WavConv:
     return Code2WavConv(raw, MIN_SAMPLES, f"oneDNN's direct convolution for inputs of >= {MIN_SAMPLES} samples "
                         "(the later decoder blocks), per-tap GEMMs below: measured on a 2-core AVX2 EPYC, 25-frame "
                         "chunks on 2 threads 53.4 -> 42.0 ms/frame, 10-frame on 1 thread 95.7 -> 83.3 "
-                        f"(docs/kernels.md#code2wav-convolutions); {ENV}=taps|direct overrides")
+                        "(docs/kernels.md#code2wav-convolutions; AVX-512 and AMX CPUs not measured); "
+                        f"{ENV}=taps|direct overrides")

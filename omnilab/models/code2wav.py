@@ -33,7 +33,6 @@ from torch import nn
 
 from omnilab.config import Code2WavConfig
 from omnilab.errors import InputError
-from omnilab.kernels.code2wav_conv import NEVER
 from omnilab.models.code2wav_layers import (
     CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, DecoderTransformer, EuclideanCodebook,
     LayerScale, ResidualUnit, SnakeBeta, SplitResidualVQ, StatefulModule,
@@ -216,18 +215,21 @@ class Code2Wav(nn.Module):
                 for m in blk.modules():
                     if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
                         m.conv.to(dtype)
-                        m._taps.__init__(), m._fused.__init__()  # drop layouts derived from the old weights
-                        if isinstance(m, CausalConvTranspose1d):
-                            m._direct.__init__()
+                        m.drop_derived()  # no layout of the old weights kept alive
         return self
 
     def set_conv(self, choice=None) -> "Code2Wav":
-        """How the fp32 convs run: ``choice`` an ``omnilab.kernels.code2wav_conv.Code2WavConv`` (None:
-        ``conv_choice()``, from ``OMNILAB_CODE2WAV_CONV``): oneDNN's direct conv from ``choice.min_samples`` input
-        samples, per-tap GEMMs below (docs/kernels.md#code2wav-convolutions); ``conv_path`` says which is set."""
-        from omnilab.kernels.code2wav_conv import conv_choice
+        """How the fp32 convs run: ``choice`` an ``omnilab.kernels.code2wav_conv.Code2WavConv``, a mode name
+        (``"auto"``, ``"taps"``, ``"direct"``) or None (``OMNILAB_CODE2WAV_CONV``'s): oneDNN's direct conv from
+        ``choice.min_samples`` input samples, per-tap GEMMs below (the GEMV kernel for at most 8 outputs;
+        docs/kernels.md#code2wav-convolutions). ``conv_path`` says which is set."""
+        from omnilab.kernels.code2wav_conv import Code2WavConv, conv_choice
 
-        self.conv_path = choice or conv_choice()
+        if choice is None or isinstance(choice, str):
+            choice = conv_choice(env=choice)  # a mode name: as OMNILAB_CODE2WAV_CONV (ConfigError naming the modes)
+        elif not isinstance(choice, Code2WavConv):
+            raise InputError(f"set_conv takes a Code2WavConv, a mode name or None; got {choice!r}")
+        self.conv_path = choice
         for m in self.modules():
             if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
                 m.direct_min_samples = self.conv_path.min_samples
@@ -239,19 +241,18 @@ class Code2Wav(nn.Module):
         """Precompute derived tensors now (they are otherwise built on first use and rebuilt
         automatically after the weights change): codebooks, Snake coefficients, and tap-major copies
         of the k > 1 conv / transposed-conv weights (about 0.23 GB extra for the released geometry; in bf16 the
-        side-by-side layout of ``conv1d_fused``, half that), and the direct-conv layout of the transposed convs."""
+        side-by-side layout of ``conv1d_fused``, half that); and loads the GEMV kernel of the short convs
+        (``models/conv_paths.py``). The direct-conv layout of a transposed conv is built on first use: with 25-frame
+        blocks only blocks 3 and 4 (2.8 MB) reach the direct path's input length."""
         for m in self.modules():
             if isinstance(m, SnakeBeta):
                 m.coefficients()
             elif isinstance(m, EuclideanCodebook):
                 m.table()
             elif isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
-                if m.conv.weight.dtype != torch.float32:
-                    m.fused()
-                    continue
-                m.taps()
-                if isinstance(m, CausalConvTranspose1d) and m.direct_min_samples < NEVER:
-                    m.direct()
+                m.taps() if m.conv.weight.dtype == torch.float32 else m.fused()
+        from omnilab.kernels import gemv
+        gemv.loaded_library()  # the short convs' kernel (conv_paths.py): loaded now, not in a stream's first chunk
         return self
 
 

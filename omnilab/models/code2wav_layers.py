@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnilab.kernels.code2wav_conv import NEVER
-from omnilab.models.conv_paths import conv1d_fused, conv1d_taps, linear_rows
 from omnilab.kernels.snake import snake_beta
+from omnilab.models.conv_paths import conv1d_fused, conv1d_taps, linear_rows
 from omnilab.models.layers import RMSNorm, SwiGLU, apply_rope
 
 
@@ -81,6 +81,10 @@ class CausalConv1d(StatefulModule):
     def state_shape(self):
         return (self.conv.in_channels, self.context_samples) if self.context_samples else None
 
+    def drop_derived(self) -> None:
+        """Forget the layouts derived from the weights (after a dtype change: no copy of the old ones kept alive)."""
+        self._taps.__init__(), self._fused.__init__()
+
     def taps(self) -> torch.Tensor:  # [k, Cout, Cin] (a view of the weight when k == 1)
         w = self.conv.weight
         return self._taps.get(lambda: w.detach().permute(2, 0, 1).contiguous(), w)
@@ -122,6 +126,10 @@ class CausalConvTranspose1d(StatefulModule):
 
     def state_shape(self):
         return (self.conv.in_channels, 1) if self.overlap else None
+
+    def drop_derived(self) -> None:
+        """As ``CausalConv1d.drop_derived``."""
+        self._taps.__init__(), self._fused.__init__(), self._direct.__init__()
 
     def _tap_major(self) -> tuple[torch.Tensor, torch.Tensor]:
         w, b, s = self.conv.weight, self.conv.bias, self.stride

@@ -31,13 +31,18 @@ def _blocks(decoder_dim: int = DECODER_DIM, rates: tuple[int, ...] = UPSAMPLE_RA
     """The conv decoder blocks with small random weights and zero streaming state: (blocks, state dict)."""
     from omnilab.models.code2wav_layers import DecoderBlock, StatefulModule
 
+    from omnilab.kernels.code2wav_conv import conv_choice
+
     dims = [decoder_dim // 2 ** i for i in range(len(rates) + 1)]
     blocks = nn.ModuleList(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(rates)).requires_grad_(False)
+    min_samples = conv_choice().min_samples  # fp32 runs the conv path a decoder runs (set_conv)
     gen = torch.Generator().manual_seed(0)
     for p in blocks.parameters():
         p.copy_(torch.randn(p.shape, generator=gen) * 0.02)  # bounded activations (no inf/NaN slow paths)
     st = {}
     for name, m in blocks.named_modules():
+        if hasattr(m, "direct_min_samples"):
+            m.direct_min_samples = min_samples
         if isinstance(m, StatefulModule) and m.state_shape() is not None:
             m.state_key = name
             st[name] = torch.zeros(1, *m.state_shape())
@@ -50,7 +55,7 @@ def _set_dtype(blocks: nn.Module, dtype: torch.dtype) -> None:
     for m in blocks.modules():  # what Code2Wav.set_compute_dtype does to the decoder blocks
         if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
             m.conv.to(dtype)
-            m._taps.__init__(), m._fused.__init__()
+            m.drop_derived()
 
 
 @torch.no_grad()
@@ -123,7 +128,8 @@ def code2wav_times(threads: int | None = None, env: str | None = None) -> dict |
     if mode == "off":
         return None
     threads = threads or torch.get_num_threads()
-    key, parts = _key(threads, "code2wav-conv-decoder")
+    from omnilab.kernels.code2wav_conv import conv_choice
+    key, parts = _key(threads, f"code2wav-conv-decoder-{conv_choice().mode}")  # fp32's time depends on the conv path
     if key in _MEMO and mode != "refresh":
         return _MEMO[key]
 

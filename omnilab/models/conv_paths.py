@@ -1,4 +1,5 @@
-"""The ways one causal conv of code2wav runs (``models/code2wav_layers.py`` picks; docs/kernels.md#code2wav-convolutions):
+"""How code2wav's convs and small linears run (``models/code2wav_layers.py`` picks;
+docs/kernels.md#code2wav-convolutions):
 
 - :func:`conv1d_taps`: fp32, one BLAS GEMM per tap on shifted views of the input; for an output of at most 8
   columns (a 1-frame chunk's first blocks) one call of omnilab's GEMV kernel per tap instead, which reads the tap's
@@ -9,7 +10,7 @@
   with 2-4 rows read those 16 MB matrices at a quarter of the kernel's speed here: 1024 x 4096, 4 rows, 2.7 vs
   0.44 ms).
 
-All take x ``[B, Cin, Lp]`` (the streaming context already prepended) and return the valid outputs
+The conv functions take x ``[B, Cin, Lp]`` (the streaming context already prepended) and return the valid outputs
 ``[B, Cout, Lp - (k-1)*dilation]``; batch rows are laid side by side so the weights are read once per call.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from omnilab.kernels import gemv
 
-GEMV_MAX_COLUMNS = 8  # outputs per call up to which the GEMV kernel runs the taps (its fp32 row limit)
+GEMV_MAX_COLUMNS = gemv.MAX_ROWS  # outputs (rows) per call up to which the GEMV kernel runs the taps: 8
 
 
 def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, dilation: int = 1) -> torch.Tensor:
@@ -37,7 +38,7 @@ def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
     span = (k - 1) * dilation
     xf = x[0] if bsz == 1 else x.transpose(0, 1).reshape(cin, bsz * lp)  # [Cin, B*Lp]
     n = xf.shape[1] - span
-    if n <= GEMV_MAX_COLUMNS and (lib := gemv.loaded_library()) is not None and lib.max_rows >= n:
+    if _gemv_rows_ok(n, xf, taps):
         out = _taps_gemv(xf, taps, bias, dilation, n)
     else:
         out = torch.mm(taps[0], xf[:, :n]) if bias is None else torch.addmm(bias[:, None], taps[0], xf[:, :n])
@@ -80,10 +81,20 @@ def _taps_gemv(xf: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
     return out.T.contiguous()
 
 
+def _gemv_rows_ok(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The GEMV kernel can take ``rows`` rows of ``x`` over ``weight``: 1..8 of them, fp32 both, no autograd, and
+    the kernel in use (``OMNILAB_CPU_GEMV``)."""
+    if not 1 <= rows <= GEMV_MAX_COLUMNS or not x.dtype == weight.dtype == torch.float32:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False
+    lib = gemv.loaded_library()
+    return lib is not None and lib.max_rows >= rows
+
+
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` (fp32), through omnilab's GEMV kernel when ``x`` has 1..8 rows and the kernel is in use."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (1 <= rows <= GEMV_MAX_COLUMNS and x.dtype == weight.dtype == torch.float32
-            and (lib := gemv.loaded_library()) is not None and lib.max_rows >= rows):
+    if _gemv_rows_ok(rows, x, weight) and (bias is None or bias.dtype == torch.float32):
         return gemv.gemv_rows(x, weight, bias)
     return F.linear(x, weight, bias)

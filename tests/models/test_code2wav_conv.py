@@ -1,8 +1,9 @@
-"""code2wav's fp32 conv paths (omnilab/kernels/code2wav_conv.py): oneDNN's direct convolution for long inputs and
-per-tap GEMMs agree to fp32 rounding, layer by layer and through the whole decoder, streamed or offline.
+"""code2wav's fp32 conv paths (omnilab/kernels/code2wav_conv.py, omnilab/models/conv_paths.py): oneDNN's direct
+convolution for long inputs, per-tap GEMMs, and the GEMV kernel for at most 8 outputs agree to fp32 rounding, layer
+by layer and through the whole decoder, streamed or offline.
 
-Tolerance: the two paths sum the same k * Cin products in other orders, so they may differ by ~sqrt(K) * 2^-24 of
-the sum's magnitude (K <= 7 * 1536 here) on any CPU, not bit for bit (tests/models/test_code2wav.py: REORDER_ATOL)."""
+Tolerance: the paths sum the same k * Cin products in other orders, so they may differ by ~sqrt(K) * 2^-24 of the
+sum's magnitude (K <= 7 * 64 here) on any CPU, not bit for bit (tests/models/test_code2wav.py: REORDER_ATOL)."""
 from __future__ import annotations
 
 import pytest
@@ -53,8 +54,8 @@ def test_decoder_paths_agree_streamed_and_offline():
     calls = {"direct": 0}
     orig = torch.nn.functional.conv1d
 
-    def counting(*a, **kw):
-        calls["direct"] += 1
+    def counting(*a, **kw):  # dense convs only: the depthwise ConvNeXt conv (groups = channels) calls it too
+        calls["direct"] += (a[6] if len(a) > 6 else kw.get("groups", 1)) == 1
         return orig(*a, **kw)
     st = m.start_stream(1)
     try:
@@ -66,7 +67,17 @@ def test_decoder_paths_agree_streamed_and_offline():
     assert streamed.shape == ref.shape == (1, 1, 24 * SPF)
     torch.testing.assert_close(direct, ref, rtol=0, atol=REORDER_ATOL)
     torch.testing.assert_close(streamed, ref, rtol=0, atol=REORDER_ATOL)
-    assert m.conv_path.mode == "auto" and (ref - m.set_conv(conv_choice(env="taps"))(codes)).abs().max() == 0
+    assert m.conv_path.mode == "auto" and (ref - m.set_conv("taps")(codes)).abs().max() == 0
+
+
+def test_set_conv_takes_a_mode_name_and_refuses_others():
+    from omnilab.errors import ConfigError, InputError
+    m = tiny_model()
+    assert m.set_conv("direct").conv_path.min_samples == 0 and m.decoder[1].block[1].direct_min_samples == 0
+    with pytest.raises(ConfigError, match="accepted: auto, taps, direct"):
+        m.set_conv("onednn")
+    with pytest.raises(InputError, match="Code2WavConv, a mode name or None"):
+        m.set_conv(1000)
 
 
 # ---- short inputs: the GEMV kernel (omnilab/models/conv_paths.py) -------------------------------------------
@@ -94,21 +105,27 @@ def test_short_conv_through_the_gemv_kernel_agrees(n, dilation, batch, monkeypat
     assert calls == [x.shape[0] * x.shape[2] - 6 * dilation] * 7  # one call per tap, a row per output position
     gemm = _with_gemv("torch", lambda: conv1d_taps(x, taps, bias, dilation))
     assert len(calls) == 7
-    assert kernel.shape == gemm.shape and kernel.is_contiguous()
+    direct = torch.nn.functional.conv1d(x, taps.permute(1, 2, 0), bias, dilation=dilation)  # batch rows apart
+    assert kernel.shape == gemm.shape == direct.shape and kernel.is_contiguous()
     torch.testing.assert_close(kernel, gemm, rtol=0, atol=1e-5)
+    torch.testing.assert_close(kernel, direct, rtol=0, atol=1e-5)
 
 
-def test_small_linears_and_the_first_chunk_agree_with_torch():
-    from omnilab.kernels.gemv import loaded_library
+def test_small_linears_and_the_first_chunk_agree_with_torch(monkeypatch):
+    from omnilab.kernels import gemv
     from omnilab.models.conv_paths import linear_rows
-    if _with_gemv("auto", loaded_library) is None:
+    if _with_gemv("auto", gemv.loaded_library) is None:
         pytest.skip("no GEMV kernel on this machine")
+    calls, kernel = [], gemv.gemv_rows
+    monkeypatch.setattr(gemv, "gemv_rows", lambda x, *a, **kw: calls.append(x.numel() // x.shape[-1]) or kernel(x, *a,
+                                                                                                              **kw))
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(96, 32, generator=g) * 0.2, torch.randn(96, generator=g)
     for rows in (1, 4, 8, 9):
         x = torch.randn(1, rows, 32, generator=g)
-        torch.testing.assert_close(_with_gemv("auto", lambda: linear_rows(x, w, b)), torch.nn.functional.linear(x, w, b),
-                                   rtol=0, atol=1e-5)
+        got = _with_gemv("auto", lambda: linear_rows(x, w, b))
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=0, atol=1e-5)
+    assert calls == [1, 4, 8]  # 9 rows: torch's GEMM
     m = tiny_model()
     codes = rand_codes(3)
 

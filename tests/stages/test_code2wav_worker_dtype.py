@@ -1,6 +1,6 @@
-"""The code2wav dtype (and fp32 conv path) choice reaching the stages: the in-process stage sets it on its decoder, the worker process
-gets the client's choice (here from OMNILAB_CODE2WAV_DTYPE) and reports it, and decodes what the in-process stage
-decodes."""
+"""The code2wav dtype (and fp32 conv path) choice reaching the stages: the in-process stage sets it on its decoder,
+the worker process gets the client's choice (here from OMNILAB_CODE2WAV_DTYPE) and reports it, and decodes what the
+in-process stage decodes."""
 from __future__ import annotations
 
 import os
@@ -73,7 +73,7 @@ def test_worker_runs_the_conv_path_of_the_environment(ckpt, monkeypatch):
     from omnilab.kernels.code2wav_conv import ENV as CONV_ENV
     monkeypatch.setenv(CONV_ENV, "taps")
     with Code2WavWorker(ckpt, cpus=CPU, threads=1) as w:
-        assert w.info()["code2wav_conv"] == "per-tap GEMMs"
+        assert w.info()["code2wav_conv"].startswith("per-tap GEMMs")
     monkeypatch.delenv(CONV_ENV)
     stage = Code2WavStage(load_model(ckpt, dtype="float32", load_encoders=False).code2wav)
     assert stage.info()["code2wav_conv"].startswith("oneDNN direct from 1000 samples")

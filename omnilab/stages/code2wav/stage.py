@@ -12,7 +12,8 @@ restored after each call): in-process, the deploy profile's ``code2wav_threads``
 
 ``Code2WavStage(decoder, dtype=choice)`` sets the decoder's conv-decoder compute dtype first
 (``Code2Wav.set_compute_dtype``; ``choice``: an ``omnilab.kernels.code2wav_dtype.Code2WavDtype`` or a torch dtype;
-None leaves the decoder as given); ``info()["code2wav_dtype"]`` says which runs.
+None leaves the decoder as given); ``info()["code2wav_dtype"]`` says which runs, ``info()["code2wav_conv"]`` the fp32
+conv path (``OMNILAB_CODE2WAV_CONV``, read when the decoder is built).
 """
 from __future__ import annotations
 

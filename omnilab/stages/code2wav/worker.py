@@ -5,7 +5,8 @@ Contract:
   (``sched_setaffinity`` plus ``OMP_NUM_THREADS``/``OMP_PLACES`` set before torch starts) and loads only
   the code2wav decoder from ``speech_tokenizer/model.safetensors``, its conv decoder in ``dtype`` (the client's
   ``omnilab.kernels.code2wav_dtype.Code2WavDtype``, sent with the spawn arguments; None = resolved here for an fp32
-  pipeline: fp32 unless ``OMNILAB_CODE2WAV_DTYPE`` says otherwise). ``info()["code2wav_dtype"]`` reads it back.
+  pipeline: fp32 unless ``OMNILAB_CODE2WAV_DTYPE`` says otherwise). ``info()["code2wav_dtype"]`` reads it back;
+  ``info()["code2wav_conv"]``, the fp32 conv path the worker's decoder took from the environment it inherited.
 - The same API as :class:`~omnilab.stages.code2wav.stage.Code2WavStage` (``decode``, ``open_session`` ->
   session with ``push(codes [F, 16]) -> audio``, ``num_sessions``, ``close``) plus an asynchronous one:
   ``session.submit(codes) -> seq`` and ``worker.poll(timeout) -> [ChunkResult]``. The worker holds one
