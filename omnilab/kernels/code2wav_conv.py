@@ -23,8 +23,9 @@ Choice (:func:`conv_choice`), ``OMNILAB_CODE2WAV_CONV``:
 
 In every mode, a call with at most 8 outputs runs its taps through the GEMV kernel where ``OMNILAB_CPU_GEMV``
 allows it (``models/conv_paths.py``). Only fp32 dense convs are concerned (pre-conv, upsamplers, conv decoder):
-bf16 GEMMs (``conv1d_fused``) and the depthwise ConvNeXt conv keep their own path. Streaming still equals offline decoding up to fp32 rounding (a chunk's
-length can pick a different path than the offline decode's for the same samples).
+bf16 GEMMs (``conv1d_fused``) and the depthwise ConvNeXt conv keep their own path. Streaming still equals offline
+decoding up to fp32 rounding (a chunk's length can pick a different path than the offline decode's for the same
+samples).
 """
 from __future__ import annotations
 

@@ -184,9 +184,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.
         rows = _kernel_rows(lib, x, weight, bias, 1, BF16_MAX_ROWS)
         if rows and _paths().bf16_decode == "kernel":
             return _call(lib, x.float(), weight, None if bias is None else bias.float(), rows).to(torch.bfloat16)
-    fp32 = (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32))
-    rows = _kernel_rows(lib, x, weight, bias, MIN_ROWS, MAX_ROWS) if fp32 else 0
+    rows = fp32_kernel_rows(x, weight, bias, MIN_ROWS)
     return _call(lib, x, weight, bias, rows) if rows else F.linear(x, weight, bias)  # else torch (or its error)
+
+
+def fp32_kernel_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, lo: int = 1,
+                     hi: int = MAX_ROWS) -> int:
+    """The row count of ``x`` if this process's fp32 kernel can take ``x @ weight^T (+ bias)`` (``lo..hi`` rows, all
+    three fp32, the conditions of ``_kernel_rows``), else 0: :func:`linear` for 4..8 rows, code2wav's short convs
+    and small linears for 1..8 (``omnilab.models.conv_paths``)."""
+    if not (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)):
+        return 0
+    lib = _SLOT.loaded()
+    return _kernel_rows(lib, x, weight, bias, lo, min(hi, lib.max_rows)) if lib is not None else 0
 
 
 def _quantized(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:

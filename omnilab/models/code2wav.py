@@ -35,7 +35,7 @@ from omnilab.config import Code2WavConfig
 from omnilab.errors import InputError
 from omnilab.models.code2wav_layers import (
     CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, DecoderTransformer, EuclideanCodebook,
-    LayerScale, ResidualUnit, SnakeBeta, SplitResidualVQ, StatefulModule,
+    LayerScale, ResidualUnit, SnakeBeta, SplitResidualVQ, StatefulModule, set_direct_min_samples,
 )
 from omnilab.models.code2wav_stream import ChunkSchedule, Code2WavState, decode_chunks
 
@@ -230,9 +230,7 @@ class Code2Wav(nn.Module):
         elif not isinstance(choice, Code2WavConv):
             raise InputError(f"set_conv takes a Code2WavConv, a mode name or None; got {choice!r}")
         self.conv_path = choice
-        for m in self.modules():
-            if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
-                m.direct_min_samples = self.conv_path.min_samples
+        set_direct_min_samples(self, choice.min_samples)
         return self
 
     # ------------------------------------------------------------------ derived tensors

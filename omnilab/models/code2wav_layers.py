@@ -66,6 +66,14 @@ class StatefulModule(nn.Module):
         return None
 
 
+def set_direct_min_samples(root: nn.Module, min_samples: int) -> None:
+    """Every fp32 conv under ``root`` runs as oneDNN's direct convolution from ``min_samples`` input samples
+    (``Code2Wav.set_conv``; kernels/code2wav_conv.py)."""
+    for m in root.modules():
+        if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
+            m.direct_min_samples = min_samples
+
+
 class CausalConv1d(StatefulModule):
     """Conv1d (stride 1) padded on the left by ``(k - 1) * dilation``; released name ``<x>.conv``."""
 

@@ -29,20 +29,17 @@ DECODER_DIM, UPSAMPLE_RATES, INPUT_RATE = 1536, (8, 5, 4, 3), 4
 
 def _blocks(decoder_dim: int = DECODER_DIM, rates: tuple[int, ...] = UPSAMPLE_RATES):
     """The conv decoder blocks with small random weights and zero streaming state: (blocks, state dict)."""
-    from omnilab.models.code2wav_layers import DecoderBlock, StatefulModule
-
     from omnilab.kernels.code2wav_conv import conv_choice
+    from omnilab.models.code2wav_layers import DecoderBlock, StatefulModule, set_direct_min_samples
 
     dims = [decoder_dim // 2 ** i for i in range(len(rates) + 1)]
     blocks = nn.ModuleList(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(rates)).requires_grad_(False)
-    min_samples = conv_choice().min_samples  # fp32 runs the conv path a decoder runs (set_conv)
+    set_direct_min_samples(blocks, conv_choice().min_samples)  # fp32 runs the conv path a decoder runs (set_conv)
     gen = torch.Generator().manual_seed(0)
     for p in blocks.parameters():
         p.copy_(torch.randn(p.shape, generator=gen) * 0.02)  # bounded activations (no inf/NaN slow paths)
     st = {}
     for name, m in blocks.named_modules():
-        if hasattr(m, "direct_min_samples"):
-            m.direct_min_samples = min_samples
         if isinstance(m, StatefulModule) and m.state_shape() is not None:
             m.state_key = name
             st[name] = torch.zeros(1, *m.state_shape())

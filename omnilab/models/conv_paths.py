@@ -20,8 +20,6 @@ import torch.nn.functional as F
 
 from omnilab.kernels import gemv
 
-GEMV_MAX_COLUMNS = gemv.MAX_ROWS  # outputs (rows) per call up to which the GEMV kernel runs the taps: 8
-
 
 def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, dilation: int = 1) -> torch.Tensor:
     """Valid (unpadded) conv as one GEMM per tap: x ``[B, Cin, Lp]``, taps ``[k, Cout, Cin]`` ->
@@ -29,7 +27,7 @@ def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
 
     Uses BLAS directly on strided views (no im2col copy, no per-call weight reorder as oneDNN does), which is
     faster than ``F.conv1d`` for the short inputs of streaming chunks (the modules switch to ``F.conv1d`` for long
-    ones: kernels/code2wav_conv.py). Up to :data:`GEMV_MAX_COLUMNS` outputs, omnilab's GEMV kernel runs the taps
+    ones: kernels/code2wav_conv.py). Up to ``gemv.MAX_ROWS`` (8) outputs, omnilab's GEMV kernel runs the taps
     (``OMNILAB_CPU_GEMV``; torch there: the GEMMs). Batch rows are laid side by side so the weights are read once
     per call for the whole batch.
     """
@@ -38,7 +36,7 @@ def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
     span = (k - 1) * dilation
     xf = x[0] if bsz == 1 else x.transpose(0, 1).reshape(cin, bsz * lp)  # [Cin, B*Lp]
     n = xf.shape[1] - span
-    if _gemv_rows_ok(n, xf, taps):
+    if gemv.fp32_kernel_rows(xf.T[:n], taps[0], bias):  # the output positions as the kernel's rows
         out = _taps_gemv(xf, taps, bias, dilation, n)
     else:
         out = torch.mm(taps[0], xf[:, :n]) if bias is None else torch.addmm(bias[:, None], taps[0], xf[:, :n])
@@ -81,20 +79,6 @@ def _taps_gemv(xf: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
     return out.T.contiguous()
 
 
-def _gemv_rows_ok(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The GEMV kernel can take ``rows`` rows of ``x`` over ``weight``: 1..8 of them, fp32 both, no autograd, and
-    the kernel in use (``OMNILAB_CPU_GEMV``)."""
-    if not 1 <= rows <= GEMV_MAX_COLUMNS or not x.dtype == weight.dtype == torch.float32:
-        return False
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return False
-    lib = gemv.loaded_library()
-    return lib is not None and lib.max_rows >= rows
-
-
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` (fp32), through omnilab's GEMV kernel when ``x`` has 1..8 rows and the kernel is in use."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if _gemv_rows_ok(rows, x, weight) and (bias is None or bias.dtype == torch.float32):
-        return gemv.gemv_rows(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return gemv.gemv_rows(x, weight, bias) if gemv.fp32_kernel_rows(x, weight, bias) else F.linear(x, weight, bias)
