@@ -262,13 +262,22 @@ class StackStep:
         return lib, plans
 
     def __call__(self, layers, norm, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
-                 caches, recheck: bool = True) -> torch.Tensor | None:
+                 caches, recheck: bool = True, tokens: int = 1) -> torch.Tensor | None:
         """``x`` [B, 1, H] fp32 -> ``norm(layers(x))`` [B, 1, H] with every layer's k/v written into ``caches``
         (the caller advances their lengths), or None where the per-layer path must run.
 
         ``recheck=False``: the caller vouches that no weight changed since the previous call (the code predictor's
         steps within one frame), so the plans that call checked are used without looking at the layers again
-        (~20 us a layer); a previous call that did not run the stack makes this one check anyway."""
+        (~20 us a layer); a previous call that did not run the stack makes this one check anyway.
+
+        ``tokens`` > 1: a short prefill. Rows ``b * tokens + j`` are token j of sequence b (``caches`` a KVCache of
+        B / tokens rows), at position ``length + j`` (``cos`` / ``sin_signed`` one row per row of ``x``). The
+        attention kernel writes every row's k/v before any row attends, so token j attends to positions 0..j of its
+        own sequence: causal, as a prefill."""
+        if tokens > 1 and (caches is None or isinstance(caches, Sequence) or x.shape[0] % tokens
+                           or caches.batch != x.shape[0] // tokens or cos.shape[0] != x.shape[0]):
+            self._valid = False
+            return None
         if not _inputs_fit(x, cos, sin_signed, caches, stack=True):
             self._valid = False
             return None
@@ -286,11 +295,11 @@ class StackStep:
             caps = [c.k[0].shape[2] for c in caches]
             positions = [c.length for c in caches]
         else:
-            stride = caches.k[0][0].numel() * caches.k[0].element_size()
-            kp = [caches.k[i].data_ptr() + r * stride for i in range(n) for r in range(b)]
-            vp = [caches.v[i].data_ptr() + r * stride for i in range(n) for r in range(b)]
+            stride = caches.k[0][0].numel() * caches.k[0].element_size()  # one sequence's cache row
+            kp = [caches.k[i].data_ptr() + r // tokens * stride for i in range(n) for r in range(b)]
+            vp = [caches.v[i].data_ptr() + r // tokens * stride for i in range(n) for r in range(b)]
             caps = [caches.k[0].shape[2]] * b
-            positions = [caches.length] * b
+            positions = [caches.length + r % tokens for r in range(b)]
         arr, rows = ctypes.c_int64 * (n * b), ctypes.c_int64 * b
         out = torch.empty(b, 1, hdim, dtype=x.dtype)
         rc = lib.step(ctypes.byref(self._kernels), self._records, n, x.data_ptr(), b, hdim, cos.data_ptr(),

@@ -259,6 +259,16 @@ class DecoderLayer(nn.Module):
         return x + mlp.forward(rms_norm(x, ln2.weight, ln2.eps))
 
 
+SHORT_PREFILL_TOKENS = 4  # prefills of up to this many tokens of one sequence take the one-call stack (see run_stack)
+
+
+def _stack(layers: nn.ModuleList) -> StackStep:
+    stack = layers.__dict__.get("_stack_step")
+    if stack is None:
+        stack = layers._stack_step = StackStep()
+    return stack
+
+
 def run_stack(layers: nn.ModuleList, norm: RMSNorm, rope: RopeTable, x: torch.Tensor, caches: Caches,
               recheck: bool = True) -> torch.Tensor:
     """Run ``x`` [B, T, H] through ``layers`` + final ``norm``; advance the caches by T.
@@ -283,10 +293,14 @@ def run_stack(layers: nn.ModuleList, norm: RMSNorm, rope: RopeTable, x: torch.Te
             cos, sin = rope.get(starts[:, None] + torch.arange(t, device=x.device)[None, :], x.dtype, signed=True)
     y = None
     if t == 1 and caches is not None:  # decode: the whole stack in one kernel call where it applies (bitwise)
-        stack = layers.__dict__.get("_stack_step")
-        if stack is None:
-            stack = layers._stack_step = StackStep()
-        y = stack(layers, norm, x, cos, sin, caches, recheck)
+        y = _stack(layers)(layers, norm, x, cos, sin, caches, recheck)
+    elif 1 < t <= SHORT_PREFILL_TOKENS and isinstance(caches, KVCache) and x.is_contiguous():
+        # a short prefill (the code predictor's first step: [h, C(c0)] per row): every token a row of the one-call
+        # stack over its sequence's cache row (StackStep's tokens: causal by the kernel's write-then-attend)
+        b = x.shape[0]
+        rows = lambda tab: tab.expand(b, t, tab.shape[-1]).reshape(b * t, -1)  # noqa: E731  [B*T, D]
+        y = _stack(layers)(layers, norm, x.view(b * t, 1, -1), rows(cos), rows(sin), caches, recheck, tokens=t)
+        y = None if y is None else y.view(b, t, -1)
     if y is None:
         for i, layer in enumerate(layers):
             x = layer.forward(x, cos, sin, i, caches)

@@ -171,3 +171,51 @@ def test_a_replaced_weight_is_seen_by_the_next_checked_step(tiny_ckpt, monkeypat
         assert torch.equal(run("auto", recheck=False), run("off"))
     finally:
         pipe.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("quantization", [None, "int4"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_short_prefill_runs_as_stack_rows_and_agrees_with_the_general_path(tiny_ckpt, monkeypatch, quantization,
+                                                                             batch, dtype):
+    """The code predictor's first step ([h, C(c0)]: 2 tokens per sequence) runs as rows of the one-call stack, each
+    token at its own position over its sequence's cache row. Against the general path (torch's causal attention over
+    the 2 tokens) the hidden states and the k/v written agree within rounding: the same GEMV kernels (bitwise per
+    row), another summation order in attention and the norms (fp32: ~1e-6 relative per op over a few layers; bf16:
+    the general path rounds its attention once per op differently, so within a few bf16 steps). The cache lengths
+    advance by 2 either way, and the next one-token step over those caches agrees the same way."""
+    from omnilab.models.decoder import run_stack
+    from omnilab.pipeline import Pipeline
+
+    monkeypatch.delenv("OMNILAB_DTYPE", raising=False)
+    pipe = Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="eager", dtype=dtype,
+                                    quantization=quantization)
+    dt = getattr(torch, dtype)
+    tol = dict(rtol=1e-4, atol=1e-5) if dt == torch.float32 else dict(rtol=4e-2, atol=4e-2)
+    try:
+        cp, pc = pipe.model.talker.code_predictor, pipe.model.config.code_predictor
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(batch, 2, pc.hidden_size, generator=g).to(dt)
+        x1 = torch.randn(batch, 1, pc.hidden_size, generator=g).to(dt)
+        out, nxt, kv = {}, {}, {}
+        with torch.inference_mode():
+            for mode in ("off", "auto"):
+                monkeypatch.setenv(decode_step.ENV, mode)
+                stack = cp.model.layers.__dict__.get("_stack_step")
+                if stack is not None:
+                    stack._valid = False
+                c = KVCache(pc.num_hidden_layers, batch, pc.num_key_value_heads, pc.head_dim, 16, dt)
+                out[mode] = run_stack(cp.model.layers, cp.model.norm, cp.rope, x, c)
+                if mode == "auto":
+                    assert cp.model.layers._stack_step._valid, "the 2-token prefill ran the one-call stack"
+                assert c.length == 2
+                kv[mode] = [t[:, :, :2].clone() for t in c.k + c.v]
+                nxt[mode] = run_stack(cp.model.layers, cp.model.norm, cp.rope, x1, c)
+                assert c.length == 3
+        assert out["auto"].shape == (batch, 2, pc.hidden_size) and out["auto"].dtype == dt
+        torch.testing.assert_close(out["auto"].float(), out["off"].float(), **tol)
+        for a, b in zip(kv["auto"], kv["off"]):
+            torch.testing.assert_close(a.float(), b.float(), **tol)
+        torch.testing.assert_close(nxt["auto"].float(), nxt["off"].float(), **tol)
+    finally:
+        pipe.close()
