@@ -5,6 +5,8 @@
   (``peak_total_bytes``) and each process's peak (``peaks``, ``"pid:name" -> bytes``). Current RSS, not
   ``VmHWM``: a configuration measured after another in the same process is not charged the earlier
   one's lifetime peak (memory the allocator kept is still counted).
+- ``mem_available_bytes`` (``/proc/meminfo``) and ``tree_rss_bytes`` (the tree's current RSS): what ``--interleave``
+  checks before it builds one more configuration side by side (``bench.modes``), and the reference row's check.
 - ``schedstat_snapshot`` / ``wait_pct``: per thread of the same process tree, the CPU time and the time it
   was runnable but waited for a CPU (``/proc/<pid>/task/<tid>/schedstat``, ns). ``wait_pct(a, b)`` =
   wait / (CPU + wait) between two snapshots over the threads alive at both: the share of the run our
@@ -56,6 +58,28 @@ def wait_pct(before: Snapshot, after: Snapshot) -> float | None:
             c0, w0 = before[key]
             cpu, wait = cpu + max(c1 - c0, 0), wait + max(w1 - w0, 0)
     return 100.0 * wait / (cpu + wait) if cpu + wait else None
+
+
+def mem_available_bytes(meminfo: str = "/proc/meminfo") -> int:
+    """MemAvailable (what can be allocated without swapping), in bytes; 0 where it cannot be read."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_rss_bytes() -> int:
+    """The summed current RSS of this process and its descendants."""
+    total = 0
+    for p in process_tree():
+        try:
+            total += p.memory_info().rss
+        except Exception:  # the process ended between listing and reading
+            continue
+    return total
 
 
 class ProcessSampler:

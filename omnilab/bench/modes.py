@@ -2,9 +2,10 @@
 
 - ``run_same_process``: one after the other in this process, the frame floor measured before and after each
   (their mean is the row's floor), peak RSS sampled from build to close;
-- ``run_interleaved``: all built side by side in this process (or, ``--rebuild``, each built anew for its turn
-  and closed after it), then ``rounds`` rounds, each a floor measurement and every configuration once, the order
-  rotated every round; a row is the median of its rounds;
+- ``run_interleaved``: all built side by side in this process (each only when MemAvailable leaves room for one more
+  as large as the largest so far, else an ``InputError`` naming ``--rebuild``: ``check_room``) or, ``--rebuild``,
+  each built anew for its turn and closed after it; then ``rounds`` rounds, each a floor measurement and every
+  configuration once, the order rotated every round; a row is the median of its rounds;
 - ``run_fresh``: each configuration in its own interpreter (``python -m omnilab.bench.run --child CFG OUT``,
   which runs ``run_same_process`` for that one), merged here.
 
@@ -21,10 +22,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from omnilab.bench import backends as be
 from omnilab.bench import floors
+from omnilab.bench.memory import mem_available_bytes, tree_rss_bytes
+from omnilab.errors import InputError
 
 if TYPE_CHECKING:
     from omnilab.bench.run import BenchConfig
@@ -87,6 +90,26 @@ def run_same_process(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict
     return rows, points, reqs, [{"round": 1, "order": list(cfg.configs)}]
 
 
+ROOM_MARGIN_BYTES = 2 * 2**30  # kept free besides the next configuration: runs, floor probes, the allocator's slack
+
+
+def check_room(name: str, built: int, total: int, took: Sequence[int], available: int | None = None) -> None:
+    """Before ``--interleave`` builds configuration ``name`` side by side with the ``built`` ones: an ``InputError``
+    when MemAvailable is under the most one configuration has taken so far plus :data:`ROOM_MARGIN_BYTES` (the
+    kernel's OOM killer would otherwise end the run with nothing written), naming ``--rebuild``."""
+    if not took:
+        return
+    have = mem_available_bytes() if available is None else available
+    need = max(took) + ROOM_MARGIN_BYTES
+    if have and have < need:
+        raise InputError(
+            f"--interleave builds every configuration side by side: {built} of {total} are in memory, the largest "
+            f"took {max(took) / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB is available, under the "
+            f"{need / 2**30:.1f} GiB that {name!r} would need with a {ROOM_MARGIN_BYTES // 2**30} GiB margin; add "
+            f"--rebuild (one configuration in memory at a time, built anew for each turn) or bench fewer "
+            f"configurations")
+
+
 def run_interleaved(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict, meta: dict) -> tuple[list, list, list, list]:
     """All configurations in rounds, the order rotated every round. Side by side in memory, or with
     ``cfg.rebuild`` one at a time: each is built anew for its turn and closed after it (every configuration of a
@@ -109,8 +132,12 @@ def run_interleaved(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict,
     with ProcessSampler(cfg.rss_interval_s) as mem:
         try:
             if not rebuild:
+                took: list[int] = []  # bytes each configuration added to the process tree's RSS when it was built
                 for c in configs:
+                    check_room(c.name, len(pipes), len(configs), took)
+                    before = tree_rss_bytes()
                     pipes[c.name] = build(c)
+                    took.append(max(tree_rss_bytes() - before, 0))
             for r in range(cfg.rounds):
                 fl = _floor(cfg, bpf)
                 # the order rotates every round, so position effects (first after the floor probe freed its

@@ -250,15 +250,10 @@ def _reference(cfg: BenchConfig, ckpt: Path, rows: list[dict], meta: dict) -> No
 def reference_memory(ckpt: Path, meminfo: str = "/proc/meminfo") -> tuple[int, int]:
     """(bytes the official pipeline needs, bytes available now): 3 x the checkpoint's weight files (it loads them in
     fp32 from a bf16 file, with the file's copy while casting) + 2 GiB of runtime; MemAvailable."""
+    from omnilab.bench.memory import mem_available_bytes
+
     weights = sum(f.stat().st_size for f in Path(ckpt).rglob("*.safetensors"))
-    have = 0
-    try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                have = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        have = 0
-    return 3 * weights + 2 * 2**30, have
+    return 3 * weights + 2 * 2**30, mem_available_bytes(meminfo)
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -460,3 +460,43 @@ def test_reference_memory_counts_the_weights_and_reads_meminfo(tmp_path):
     need, have = reference_memory(tmp_path / "ck", str(info))
     assert need == 3 * 1024 + 2 * 2**30 and have == 1000000 * 1024
     assert reference_memory(tmp_path / "ck", str(tmp_path / "missing"))[1] == 0
+
+
+def test_side_by_side_interleave_stops_with_a_clear_error_before_memory_runs_out(tiny_ckpt, tmp_path, monkeypatch,
+                                                                                capsys):
+    """--interleave without --rebuild builds every configuration in one process; a grid larger than the machine's
+    memory was ended by the OOM killer with nothing written. Before each build after the first it compares
+    MemAvailable with the largest configuration so far + 2 GiB and, short of it, stops with an error that names
+    --rebuild; the configurations already built are closed. With room it builds them all."""
+    from omnilab.bench import modes
+    from omnilab.errors import InputError
+    from omnilab.pipeline import Pipeline
+
+    with pytest.raises(InputError, match=r"1 of 3 are in memory, the largest took 3\.0 GiB, and 4\.0 GiB is available"
+                                         r".*5\.0 GiB that 'b' would need.*--rebuild"):
+        modes.check_room("b", 1, 3, [3 * 2**30], available=4 * 2**30)
+    modes.check_room("b", 1, 3, [2 * 2**30], available=4 * 2**30 + 1)  # room: no error
+    modes.check_room("a", 0, 3, [], available=1)  # nothing built yet: nothing to go by
+    modes.check_room("b", 1, 3, [3 * 2**30], available=0)  # MemAvailable unreadable: not a reason to stop
+
+    live, closed = [], []
+    real_init, real_close = Pipeline.__init__, Pipeline.close
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        live.append(self)
+
+    def close(self):
+        closed.append(self)
+        return real_close(self)
+
+    monkeypatch.setattr(Pipeline, "__init__", init)
+    monkeypatch.setattr(Pipeline, "close", close)
+    monkeypatch.setattr(modes, "mem_available_bytes", lambda: 2**30)  # 1 GiB left after the first build
+    argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "eager,eager+torch-gemv", "--interleave", "1",
+            "--concurrency", "1", "--no-floor", "--fidelity", "off", "--out", str(tmp_path), *FAST]
+    from omnilab.bench.run import bench_main
+
+    with pytest.raises(InputError, match="--rebuild"):
+        bench_main(argv)
+    assert len(live) == 1 and live[0] in closed, "the first configuration was built, then closed; no second one"
