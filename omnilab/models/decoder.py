@@ -259,7 +259,7 @@ class DecoderLayer(nn.Module):
         return x + mlp.forward(rms_norm(x, ln2.weight, ln2.eps))
 
 
-SHORT_PREFILL_TOKENS = 4  # prefills of up to this many tokens of one sequence take the one-call stack (see run_stack)
+SHORT_PREFILL_TOKENS = 4  # prefills of up to this many tokens per sequence take the one-call stack (see run_stack)
 
 
 def _stack(layers: nn.ModuleList) -> StackStep:

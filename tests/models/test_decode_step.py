@@ -181,9 +181,10 @@ def test_a_short_prefill_runs_as_stack_rows_and_agrees_with_the_general_path(tin
     """The code predictor's first step ([h, C(c0)]: 2 tokens per sequence) runs as rows of the one-call stack, each
     token at its own position over its sequence's cache row. Against the general path (torch's causal attention over
     the 2 tokens) the hidden states and the k/v written agree within rounding: the same GEMV kernels (bitwise per
-    row), another summation order in attention and the norms (fp32: ~1e-6 relative per op over a few layers; bf16:
-    the general path rounds its attention once per op differently, so within a few bf16 steps). The cache lengths
-    advance by 2 either way, and the next one-token step over those caches agrees the same way."""
+    row), another summation order in attention and the norms: fp32 within 1e-4 relative (~1e-7 per op, a few
+    layers), bf16 within 4e-2 (each side rounds its attention ops to bf16 in its own places, ~2^-8 relative each:
+    about 5 bf16 steps). The cache lengths advance by 2 either way, and the next one-token step over those caches
+    agrees the same way. Tolerances, not bit-equality: the kernels' lane order differs between ISA builds."""
     from omnilab.models.decoder import run_stack
     from omnilab.pipeline import Pipeline
 
