@@ -5,7 +5,7 @@
   (``peak_total_bytes``) and each process's peak (``peaks``, ``"pid:name" -> bytes``). Current RSS, not
   ``VmHWM``: a configuration measured after another in the same process is not charged the earlier
   one's lifetime peak (memory the allocator kept is still counted).
-- ``mem_available_bytes`` (``/proc/meminfo``) and ``tree_rss_bytes`` (the tree's current RSS): what ``--interleave``
+- ``mem_available_bytes`` (MemAvailable within the cgroup, from ``omnilab.hardware``) and ``tree_rss_bytes`` (the tree's current RSS): what ``--interleave``
   checks before it builds one more configuration side by side (``bench.modes``), and the reference row's check.
 - ``schedstat_snapshot`` / ``wait_pct``: per thread of the same process tree, the CPU time and the time it
   was runnable but waited for a CPU (``/proc/<pid>/task/<tid>/schedstat``, ns). ``wait_pct(a, b)`` =
@@ -60,26 +60,35 @@ def wait_pct(before: Snapshot, after: Snapshot) -> float | None:
     return 100.0 * wait / (cpu + wait) if cpu + wait else None
 
 
-def mem_available_bytes(meminfo: str = "/proc/meminfo") -> int:
-    """MemAvailable (what can be allocated without swapping), in bytes; 0 where it cannot be read."""
+def mem_available_bytes(meminfo: str | None = None) -> int:
+    """Bytes this process can still allocate: MemAvailable capped by the cgroup's room, as the planner reads it
+    (``hardware.HardwareInfo.memory_available_bytes``). ``meminfo``: that file's MemAvailable instead (a test's);
+    0 where it cannot be read."""
+    from omnilab.hardware import probe_hardware
+
+    if meminfo is None:
+        return probe_hardware().memory_available_bytes
     try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        text = Path(meminfo).read_text()
+    except OSError:
+        return 0
+    return probe_hardware({"/proc/meminfo": text}).memory_available_bytes
+
+
+def rss_by_process() -> dict[str, int]:
+    """Current RSS of this process tree, ``"pid:name"`` (``client`` for this process) -> bytes."""
+    out, me = {}, os.getpid()
+    for p in process_tree():
+        try:
+            out[f"{p.pid}:{'client' if p.pid == me else p.name()}"] = p.memory_info().rss
+        except Exception:  # the process ended between listing and reading
+            continue
+    return out
 
 
 def tree_rss_bytes() -> int:
     """The summed current RSS of this process and its descendants."""
-    total = 0
-    for p in process_tree():
-        try:
-            total += p.memory_info().rss
-        except Exception:  # the process ended between listing and reading
-            continue
-    return total
+    return sum(rss_by_process().values())
 
 
 class ProcessSampler:
@@ -95,18 +104,10 @@ class ProcessSampler:
         self._thread: threading.Thread | None = None
 
     def sample(self) -> None:
-        total = 0
-        me = os.getpid()
-        for p in process_tree():
-            try:
-                rss = p.memory_info().rss
-                name = "client" if p.pid == me else p.name()
-            except Exception:  # the process ended between listing and reading
-                continue
-            total += rss
-            key = f"{p.pid}:{name}"
+        now = rss_by_process()
+        for key, rss in now.items():
             self.peaks[key] = max(self.peaks.get(key, 0), rss)
-        self.peak_total_bytes = max(self.peak_total_bytes, total)
+        self.peak_total_bytes = max(self.peak_total_bytes, sum(now.values()))
 
     def _run(self) -> None:
         while not self._stop.is_set():

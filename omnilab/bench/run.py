@@ -247,9 +247,10 @@ def _reference(cfg: BenchConfig, ckpt: Path, rows: list[dict], meta: dict) -> No
     rows.append(row)
 
 
-def reference_memory(ckpt: Path, meminfo: str = "/proc/meminfo") -> tuple[int, int]:
+def reference_memory(ckpt: Path, meminfo: str | None = None) -> tuple[int, int]:
     """(bytes the official pipeline needs, bytes available now): 3 x the checkpoint's weight files (it loads them in
-    fp32 from a bf16 file, with the file's copy while casting) + 2 GiB of runtime; MemAvailable."""
+    fp32 from a bf16 file, with the file's copy while casting) + 2 GiB of runtime; MemAvailable within the cgroup
+    (``meminfo``: that file's, for tests)."""
     from omnilab.bench.memory import mem_available_bytes
 
     weights = sum(f.stat().st_size for f in Path(ckpt).rglob("*.safetensors"))
