@@ -18,9 +18,16 @@ release alone, 75.5 / 74.4 ms with the owner's too; eager 66.9-78.1 ms in both (
 wait, but the gap is far outside it). It calls OpenMP 5.0's
 ``omp_pause_resource_all(omp_pause_soft)`` in libgomp, which frees the calling thread's pool (its workers exit; the
 next parallel region on that thread starts a new one, a thread start or two). Only where libgomp is the process's
-runtime (found among the loaded libraries, ``/proc/self/maps``) and only outside a parallel region (libgomp then
-returns -1 and does nothing); LLVM/Intel OpenMP is left alone (it has no such throttle; there a hard pause would
-end the runtime). ``OMNILAB_OMP_RELEASE=auto`` (default) | ``off``; another value is a ``ConfigError`` naming the
+runtime and only outside a parallel region (libgomp then returns -1 and does nothing); LLVM/Intel OpenMP is left
+alone (it has no such throttle; there a hard pause would end the runtime).
+
+Which libgomp: the one loaded under the soname ``libgomp.so.1``, the runtime torch's wheel and omnilab's kernels
+link against (``dlopen("libgomp.so.1", RTLD_NOLOAD)``), not the first ``libgomp*`` in ``/proc/self/maps``: wheels
+vendor their own renamed copy (sentencepiece's ``sentencepiece.libs/libgomp-<hash>.so.1.0.0``, loaded with vLLM's
+tokenizer stack), and pausing that copy returns 0 but frees nothing of torch's. That happened in a vLLM in-process
+pipeline: the caller's pool from loading stayed, every owner-thread wait was throttled, and on the 2-core AVX2 EPYC
+the 0.6B int4 step took 88-94 ms against eager's 50-54 in the same fresh-process bench runs (code2wav 110-117
+against 49-59 ms per frame). ``OMNILAB_OMP_RELEASE=auto`` (default) | ``off``; another value is a ``ConfigError`` naming the
 accepted ones.
 
 May import: the standard library and ``omnilab.errors`` (``stages/owner.py`` imports it; no torch).
@@ -49,36 +56,55 @@ def mode() -> str:
     return raw
 
 
-def _libgomp_path() -> str | None:
+SONAME = "libgomp.so.1"  # what torch's libtorch_cpu and omnilab's kernels (-fopenmp) name as their OpenMP runtime
+
+
+def _mapped_libgomp() -> list[str]:
+    """Paths of every libgomp mapped into this process (torch's, and any copy a wheel vendors), in map order."""
+    paths: list[str] = []
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 parts = line.split()  # address perms offset dev inode [path]
-                if len(parts) >= 6 and os.path.basename(parts[5]).startswith("libgomp"):
-                    return parts[5]
+                if len(parts) >= 6 and os.path.basename(parts[5]).startswith("libgomp") and parts[5] not in paths:
+                    paths.append(parts[5])
     except OSError:
-        return None
-    return None
+        pass
+    return paths
+
+
+def _runtime():
+    """(library, description) of the libgomp loaded as ``libgomp.so.1``, or (None, why) where there is none."""
+    paths = _mapped_libgomp()
+    if not paths:
+        return None, "no libgomp loaded in this process (no GNU OpenMP pools to release)"
+    try:  # the object that holds the soname; RTLD_NOLOAD: never loads a runtime that is not there
+        lib = ctypes.CDLL(SONAME, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return None, f"no libgomp loaded as {SONAME} (only {', '.join(paths)}): not torch's runtime, left alone"
+    own = [p for p in paths if os.path.basename(p) == SONAME]
+    where = own[0] if len(own) == 1 else SONAME
+    others = [p for p in paths if p not in own]
+    return lib, where + (f"; not the vendored copies {', '.join(others)}" if others else "")
 
 
 def _resolve():
-    """(function or False, why): libgomp's ``omp_pause_resource_all`` when libgomp is loaded."""
+    """(function or False, why): ``omp_pause_resource_all`` of torch's libgomp when it is loaded."""
     global _pause, _why
     with _lock:
         if _pause is None:
-            path = _libgomp_path()
-            if path is None:
-                why = "no libgomp loaded in this process (no GNU OpenMP pools to release)"
+            lib, where = _runtime()
+            if lib is None:
                 if "torch" not in sys.modules:  # torch loads it: look again after its import, not on every call
-                    return False, why
-                _pause, _why = False, why
+                    return False, where
+                _pause, _why = False, where
             else:
-                fn = getattr(ctypes.CDLL(path), "omp_pause_resource_all", None)
+                fn = getattr(lib, "omp_pause_resource_all", None)
                 if fn is None:
-                    _pause, _why = False, f"{path} has no omp_pause_resource_all (OpenMP < 5.0)"
+                    _pause, _why = False, f"libgomp ({where}) has no omp_pause_resource_all (OpenMP < 5.0)"
                 else:
                     fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-                    _pause, _why = fn, f"libgomp ({path}): omp_pause_resource_all frees the caller's pool"
+                    _pause, _why = fn, f"libgomp ({where}): omp_pause_resource_all frees the caller's pool"
         return _pause, _why
 
 
