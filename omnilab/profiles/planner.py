@@ -30,6 +30,10 @@ import omnilab.profiles.tensor_parallel as tp_estimate
 from omnilab.profiles.pools import reserve
 
 EASY_SHARE = 0.5  # a shared layout this far under real time is kept (one process) even where a split is faster
+# A split adds vLLM's engine core (it polls a shared-memory queue to its worker every step) and the client; with no
+# CPU free for them they run on the stages' cores. 2-core Zen 4, 0.6B int4, split 1 + 1: 93-100 ms per frame where
+# max(talker, code2wav) said 68 (x1.37-1.47; docs/profiles.md#placement-candidates). Scored at the lower factor:
+FRONT_END_PENALTY = 1.35
 NEAR_BEST = 1.03
 FIRST_CHOICES, STEADY_CHOICES = (1, 2, 3, 4, 6, 8, 12), (8, 12, 16, 25, 32, 50)
 
@@ -46,6 +50,7 @@ class _Cand:
     where: str           # talker node(s)
     c2w_where: str       # code2wav node
     threads: int = 0     # talker threads per rank (0: one per listed CPU)
+    front_end: float = 1.0  # FRONT_END_PENALTY where a split leaves no CPU for vLLM's engine core and the client
 
     @property
     def num_cpus(self) -> int:
@@ -54,7 +59,8 @@ class _Cand:
     def describe(self) -> str:
         t = " | ".join(format_cpulist(r) for r in self.ranks)
         return (f"{self.mode} talker {len(self.ranks[0])} thr [{t}] + code2wav {len(self.code2wav)} thr "
-                f"[{format_cpulist(self.code2wav)}]: {self.frame_ms:.0f} ms/frame")
+                f"[{format_cpulist(self.code2wav)}]: {self.frame_ms:.0f} ms/frame" + (
+                    f" (x {self.front_end:g}: no CPU left for vLLM's engine core)" if self.front_end != 1 else ""))
 
 
 def as_geometry(model_config: Any, speech_config: Any = None, where: Any = None) -> ModelGeometry:
@@ -113,6 +119,11 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
     nodes = [hw.node_of(r[0]) for r in placed["talker_cpus"].value]
     scale = tp_estimate.talker_ms(cost, nt, tp, len(set(nodes)) == tp) / cost.talker_ms(nt)
     cost_tp = dataclasses.replace(cost, talker_ms_1=cost.talker_ms_1 * scale) if tp > 1 else cost
+    fe = front_end_penalty(placed["mode"].value, sum(map(len, placed["talker_cpus"].value)) +
+                           len(placed["code2wav_cpus"].value), budget, reserved.value)
+    if fe != 1:  # the stream estimate of a split without a free CPU carries the same factor as its score
+        cost_tp = dataclasses.replace(cost_tp, talker_ms_1=cost_tp.talker_ms_1 * fe, fixed_ms=cost_tp.fixed_ms * fe,
+                                      ms_per_gflop_1=cost_tp.ms_per_gflop_1 * fe)
     mem, cap = kv_budget(hw, geo, dtype.value, ov, nodes)
     chunks, est = _chunking(cost_tp, geo, ov, placed)
     pinned = (ov.get("talker_cpus") or (None,))[0] != NOBIND
@@ -146,20 +157,26 @@ def _dtype(hw: HardwareInfo, ov: Overrides, times: Any = None) -> Resolved[str]:
 
 
 # ---------------------------------------------------------------- placement
+def front_end_penalty(mode: str, stage_cpus: int, budget: int, reserved) -> float:
+    """:data:`FRONT_END_PENALTY` for a split whose stages take all ``budget`` compute CPUs with none reserved (vLLM's
+    engine core and the client then run on the stages' cores), else 1."""
+    return FRONT_END_PENALTY if mode == "split" and not reserved and stage_cpus >= budget else 1.0
+
+
 def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = "", threads: int = 0,
-           own_nodes: bool = True) -> _Cand:
+           own_nodes: bool = True, front_end: float = 1.0) -> _Cand:
     tp, nt, nc = len(ranks), threads or len(ranks[0]), len(c2w)
     t = tp_estimate.talker_ms(cost, nt, tp, own_nodes)  # profiles/tensor_parallel.py: what the ranks split
     # shared: a shared plan runs in one process by default (deploy=None), where the stages take turns (lock-step)
     # and code2wav uses the talker's nt threads (deployment.fit_in_process); its worker-process layout (nc threads
     # on the talker's last CPUs) is stated in the reason
     c = cost.code2wav_ms_per_frame(nc if mode == "split" else nt)
-    frame = max(t, c) if mode == "split" else (t + c) * SHARED_PENALTY
+    frame = max(t, c) * front_end if mode == "split" else (t + c) * SHARED_PENALTY
     return _Cand(mode, tuple(map(tuple, ranks)), tuple(c2w), t, c, frame, t + cost.chunk_ms(1, nc), where,
-                 c2w_where or where, nt)
+                 c2w_where or where, nt, front_end)
 
 
-def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
+def _candidates(cost, pools, budget, fixed, reserved=()) -> list[_Cand]:
     mode_f, tp, nt_f, nc_f, ranks_f, c2w_f = (fixed.get(k) for k in ("mode", "talker_tp_size", "talker_threads",
                                                                       "code2wav_threads", "talker_cpus",
                                                                       "code2wav_cpus"))
@@ -192,7 +209,8 @@ def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
         if mode_f in (None, "split"):
             if c2w_f:  # explicit lists are the caller's choice; check() warns about the quota
                 if not used & set(c2w_f):
-                    out.append(_score(cost, "split", ranks, c2w_f, where, own_nodes=own))
+                    fe = front_end_penalty("split", len(used | set(c2w_f)), budget, reserved)
+                    out.append(_score(cost, "split", ranks, c2w_f, where, own_nodes=own, front_end=fe))
                 continue
             for n in nodes:
                 free = [c for c in pools[n] if c not in used]
@@ -200,7 +218,9 @@ def _candidates(cost, pools, budget, fixed) -> list[_Cand]:
                 for nc in ([nc_f] if nc_f else range(1, min(len(free), CODE2WAV_MAX_THREADS // 2) + 1)):
                     if 1 <= nc <= len(free) and len(used) + nc <= budget:
                         c2w = free[-nc:] if same else free[:nc]
-                        out.append(_score(cost, "split", ranks, c2w, where, f"NUMA node {n}", own_nodes=own))
+                        fe = front_end_penalty("split", len(used) + nc, budget, reserved)
+                        out.append(_score(cost, "split", ranks, c2w, where, f"NUMA node {n}", own_nodes=own,
+                                          front_end=fe))
     return out
 
 
@@ -222,10 +242,10 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
             raise ConfigError(f"{k}={got[k][0]} ({got[k][1]}) but the matching CPU list {format_cpulist(lst)!r} "
                               f"has {len(lst)} CPUs (one thread per listed CPU)")
     fixed = {k: got[k] and got[k][0] for k in got}  # field -> the value an override fixes, or None
-    cands = _candidates(cost, pools, budget, fixed)
+    cands = _candidates(cost, pools, budget, fixed, reserved)
     tp_note = ""
     if cands and not fixed["talker_tp_size"] and not fixed["talker_cpus"] and len(pools) > 1:
-        multi = _candidates(cost, pools, budget, {**fixed, "talker_tp_size": len(pools)})  # one rank per node
+        multi = _candidates(cost, pools, budget, {**fixed, "talker_tp_size": len(pools)}, reserved)  # a rank a node
         cands, tp_note = tp_estimate.propose(cands, multi, len(pools))
     if not cands:
         given = ", ".join(f"{k}={v!r} ({got[k][1]})" for k, v in fixed.items() if v)
@@ -319,8 +339,10 @@ def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: Ha
                f"talker keeps every core and code2wav runs {nc} thread on talker CPU {pick.code2wav[-1]} (one thread "
                f"has no OpenMP barrier, so time-slicing cannot gang-stall it): est. {workers:.0f} ms/frame")
     else:
+        fe = (f" x {pick.front_end:g}: no CPU left for vLLM's engine-core process and the client, which then take "
+              f"time on the stages' cores" if pick.front_end != 1 else "")
         why = (f"est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks = max(talker {pick.talker_ms:.0f}, code2wav "
-               f"{pick.code2wav_ms:.0f}): the stages run concurrently on disjoint cores")
+               f"{pick.code2wav_ms:.0f}){fe}: the stages run concurrently on disjoint cores")
     node_sizes = ", ".join(f"node {n}: {len(p)}" for n, p in sorted(pools.items()))
     return {
         "mode": res("mode", pick.mode, f"{pick.mode}: {why}{vs}"),

@@ -72,9 +72,28 @@ def test_two_core_vm_shares_cores_because_the_talker_dominates(plans):
     assert "split" in p.mode.reason  # the rejected alternative and its estimate are stated
     assert p.estimate.rtf > 1 and "RTF" in p.first_chunk_frames.reason and "stalls" in p.first_chunk_frames.reason
     assert p.kv_cache_bytes.value == GiB and p.to_env("talker")["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    # when both stages cost the same (measured), giving each its own core wins
+    # both stages cost the same (measured): a core each would win on the stages alone (the old choice), but a split
+    # takes both CPUs and vLLM's engine core and the client then run on them (x FRONT_END_PENALTY, measured), so
+    # the plan stays in one process and says why
     even = plan(hw("vm2_avx2"), stage_times=StageTimes(100, 100), env={})
-    assert even.mode.value == "split" and even.estimate.source == "measured"
+    assert even.mode.value == "shared" and even.estimate.source == "measured"
+    assert "x 1.35: no CPU left for vLLM's engine core" in even.mode.reason
+
+
+def test_a_split_pays_for_the_front_end_only_without_a_free_cpu(plans, monkeypatch):
+    from omnilab.profiles import planner
+    assert planner.front_end_penalty("split", 2, 2, ()) == planner.FRONT_END_PENALTY > 1  # every CPU a stage's
+    assert planner.front_end_penalty("split", 2, 3, ()) == 1.0  # a CPU left over
+    assert planner.front_end_penalty("split", 6, 6, (0,)) == 1.0  # a reserved front-end core
+    assert planner.front_end_penalty("shared", 2, 2, ()) == 1.0  # one process: no engine-core process
+    x = plans["xeon_2s_avx512_smt"]  # split with a reserved core: scored on its stages alone
+    assert x.mode.value == "split" and "engine core" not in x.mode.reason
+    monkeypatch.setattr(planner, "FRONT_END_PENALTY", 1.0)  # without the factor, the even 2-core case splits
+    even = plan(hw("vm2_avx2"), stage_times=StageTimes(100, 100), env={})
+    assert even.mode.value == "split" and even.estimate.frame_ms == pytest.approx(100, rel=0.02)
+    monkeypatch.setattr(planner, "FRONT_END_PENALTY", 1.35)
+    forced = plan(hw("vm2_avx2"), stage_times=StageTimes(100, 100), env={"OMNILAB_STAGE_MODE": "split"})
+    assert forced.mode.value == "split" and forced.estimate.frame_ms == pytest.approx(135, rel=0.02)  # as scored
 
 
 def test_big_machines_split_and_reserve_a_front_end_core(plans):
