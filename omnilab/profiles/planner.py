@@ -260,9 +260,10 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
     shared = [c for c in cands if c.mode == "shared"]
     easy = min(shared, key=lambda c: c.frame_ms) if shared and not fixed["mode"] else None
     note = ""
-    if easy is not None and pick.mode == "split" and easy.frame_ms <= EASY_SHARE * FRAME_MS:
-        note = (f"; both layouts run far under real time (shared est. {easy.frame_ms:.0f} ms per {FRAME_MS:.0f} ms "
-                f"frame, under {EASY_SHARE:.0%}), so one process: no second process to start or feed")
+    if easy is not None and easy.frame_ms <= EASY_SHARE * FRAME_MS:  # far under real time: the fastest shared one
+        if pick.mode == "split":
+            note = (f"; both layouts run far under real time (shared est. {easy.frame_ms:.0f} ms per {FRAME_MS:.0f} "
+                    f"ms frame, under {EASY_SHARE:.0%}), so one process: no second process to start or feed")
         pick = easy
     others = [c for c in cands if c.mode != pick.mode]
     alt = min(others, key=lambda c: c.frame_ms) if others else None

@@ -80,8 +80,12 @@ def test_two_core_vm_shares_cores_because_the_talker_dominates(plans):
     assert "x 1.35: no CPU left for vLLM's engine core" in even.mode.reason
 
 
-def test_a_split_pays_for_the_front_end_only_without_a_free_cpu(plans, monkeypatch):
+def test_a_split_pays_for_the_front_end_only_without_a_free_cpu(plans, monkeypatch, tiny_ckpt):
     from omnilab.profiles import planner
+    # far under real time (the tiny checkpoint) the fastest shared layout is kept, all cores to the talker: with the
+    # split scored out, the "fewer CPUs" tie-break among near-equal shared layouts must not leave a core idle
+    tiny = plan(hw("vm2_avx2"), tiny_ckpt("custom_voice"), env={})
+    assert tiny.mode.value == "shared" and tiny.talker_threads.value == 2 and tiny.estimate.rtf < planner.EASY_SHARE
     assert planner.front_end_penalty("split", 2, 2, ()) == planner.FRONT_END_PENALTY > 1  # every CPU a stage's
     assert planner.front_end_penalty("split", 2, 3, ()) == 1.0  # a CPU left over
     assert planner.front_end_penalty("split", 6, 6, (0,)) == 1.0  # a reserved front-end core
