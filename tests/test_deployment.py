@@ -144,8 +144,9 @@ def test_in_process_profile_says_what_runs():
 
 def test_an_automatic_split_layout_gives_the_in_process_talker_every_core(monkeypatch):
     """A split layout (talker and code2wav on disjoint cores, planned for a code2wav process beside the talker, as
-    the int4 plan on 2 cores was before splits paid for vLLM's engine core) would leave a core idle in this process, where the stages take turns: the talker
-    gets both cores and code2wav its threads, with the reason. An explicit talker thread count stays as asked."""
+    the int4 plan on 2 cores was before splits paid for vLLM's engine core) would leave a core idle in this process,
+    where the stages take turns: the talker gets both cores and code2wav its threads, with the reason. An explicit
+    talker thread count stays as asked."""
     from omnilab.deployment import fit_in_process
     from omnilab.hardware import probe_hardware
     from pathlib import Path

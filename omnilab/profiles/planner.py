@@ -30,9 +30,7 @@ import omnilab.profiles.tensor_parallel as tp_estimate
 from omnilab.profiles.pools import reserve
 
 EASY_SHARE = 0.5  # a shared layout this far under real time is kept (one process) even where a split is faster
-# A split adds vLLM's engine core (it polls a shared-memory queue to its worker every step) and the client; with no
-# CPU free for them they run on the stages' cores. 2-core Zen 4, 0.6B int4, split 1 + 1: 93-100 ms per frame where
-# max(talker, code2wav) said 68 (x1.37-1.47; docs/profiles.md#placement-candidates). Scored at the lower factor:
+# a split with no CPU free for vLLM's engine core and the client; measured x1.37-1.47 (docs/profiles.md, placement)
 FRONT_END_PENALTY = 1.35
 NEAR_BEST = 1.03
 FIRST_CHOICES, STEADY_CHOICES = (1, 2, 3, 4, 6, 8, 12), (8, 12, 16, 25, 32, 50)
@@ -53,14 +51,18 @@ class _Cand:
     front_end: float = 1.0  # FRONT_END_PENALTY where a split leaves no CPU for vLLM's engine core and the client
 
     @property
+    def front_end_note(self) -> str:
+        fe = self.front_end
+        return f" (x {fe:g}: no CPU left for vLLM's engine core and the client)" if fe != 1 else ""
+
+    @property
     def num_cpus(self) -> int:
         return len({c for r in self.ranks for c in r} | set(self.code2wav))
 
     def describe(self) -> str:
         t = " | ".join(format_cpulist(r) for r in self.ranks)
         return (f"{self.mode} talker {len(self.ranks[0])} thr [{t}] + code2wav {len(self.code2wav)} thr "
-                f"[{format_cpulist(self.code2wav)}]: {self.frame_ms:.0f} ms/frame" + (
-                    f" (x {self.front_end:g}: no CPU left for vLLM's engine core)" if self.front_end != 1 else ""))
+                f"[{format_cpulist(self.code2wav)}]: {self.frame_ms:.0f} ms/frame{self.front_end_note}")
 
 
 def as_geometry(model_config: Any, speech_config: Any = None, where: Any = None) -> ModelGeometry:
@@ -176,7 +178,7 @@ def _score(cost: CostModel, mode: str, ranks, c2w, where: str, c2w_where: str = 
                  c2w_where or where, nt, front_end)
 
 
-def _candidates(cost, pools, budget, fixed, reserved=()) -> list[_Cand]:
+def _candidates(cost, pools, budget, fixed, reserved) -> list[_Cand]:
     mode_f, tp, nt_f, nc_f, ranks_f, c2w_f = (fixed.get(k) for k in ("mode", "talker_tp_size", "talker_threads",
                                                                       "code2wav_threads", "talker_cpus",
                                                                       "code2wav_cpus"))
@@ -245,7 +247,7 @@ def _place(hw: HardwareInfo, cost: CostModel, ov: Overrides, reserved, pools, bu
     cands = _candidates(cost, pools, budget, fixed, reserved)
     tp_note = ""
     if cands and not fixed["talker_tp_size"] and not fixed["talker_cpus"] and len(pools) > 1:
-        multi = _candidates(cost, pools, budget, {**fixed, "talker_tp_size": len(pools)}, reserved)  # a rank a node
+        multi = _candidates(cost, pools, budget, {**fixed, "talker_tp_size": len(pools)}, reserved)  # rank per node
         cands, tp_note = tp_estimate.propose(cands, multi, len(pools))
     if not cands:
         given = ", ".join(f"{k}={v!r} ({got[k][1]})" for k, v in fixed.items() if v)
@@ -340,10 +342,8 @@ def _explain(pick: _Cand, alt: _Cand | None, got, cost: CostModel, pools, hw: Ha
                f"talker keeps every core and code2wav runs {nc} thread on talker CPU {pick.code2wav[-1]} (one thread "
                f"has no OpenMP barrier, so time-slicing cannot gang-stall it): est. {workers:.0f} ms/frame")
     else:
-        fe = (f" x {pick.front_end:g}: no CPU left for vLLM's engine-core process and the client, which then take "
-              f"time on the stages' cores" if pick.front_end != 1 else "")
         why = (f"est. {pick.frame_ms:.0f} ms/frame at 25-frame chunks = max(talker {pick.talker_ms:.0f}, code2wav "
-               f"{pick.code2wav_ms:.0f}){fe}: the stages run concurrently on disjoint cores")
+               f"{pick.code2wav_ms:.0f}){pick.front_end_note}: the stages run concurrently on disjoint cores")
     node_sizes = ", ".join(f"node {n}: {len(p)}" for n, p in sorted(pools.items()))
     return {
         "mode": res("mode", pick.mode, f"{pick.mode}: {why}{vs}"),

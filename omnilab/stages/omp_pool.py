@@ -24,11 +24,9 @@ alone (it has no such throttle; there a hard pause would end the runtime).
 Which libgomp: the one loaded under the soname ``libgomp.so.1``, the runtime torch's wheel and omnilab's kernels
 link against (``dlopen("libgomp.so.1", RTLD_NOLOAD)``), not the first ``libgomp*`` in ``/proc/self/maps``: wheels
 vendor their own renamed copy (sentencepiece's ``sentencepiece.libs/libgomp-<hash>.so.1.0.0``, loaded with vLLM's
-tokenizer stack), and pausing that copy returns 0 but frees nothing of torch's. That happened in a vLLM in-process
-pipeline: the caller's pool from loading stayed, every owner-thread wait was throttled, and on the 2-core AVX2 EPYC
-the 0.6B int4 step took 88-94 ms against eager's 50-54 in the same fresh-process bench runs (code2wav 110-117
-against 49-59 ms per frame). ``OMNILAB_OMP_RELEASE=auto`` (default) | ``off``; another value is a ``ConfigError`` naming the
-accepted ones.
+tokenizer stack), and pausing that copy returns 0 but frees nothing of torch's (what it cost a vLLM in-process
+pipeline: docs/reliability.md#threads-and-iterators). ``OMNILAB_OMP_RELEASE=auto`` (default) | ``off``; another value
+is a ``ConfigError`` naming the accepted ones.
 
 May import: the standard library and ``omnilab.errors`` (``stages/owner.py`` imports it; no torch).
 """

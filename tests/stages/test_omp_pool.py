@@ -55,9 +55,9 @@ print(json.dumps({"base": base, "main_pool": main_pool, **res, "end": n(), "why"
 def test_release_pauses_torchs_libgomp_not_a_vendored_copy():
     """Wheels vendor renamed libgomp copies: sentencepiece (vLLM's tokenizer stack) loads
     sentencepiece.libs/libgomp-<hash>.so.1.0.0 beside torch's. Pausing that copy returns 0 and frees nothing of
-    torch's pools; picking the first libgomp in /proc/self/maps did that in a vLLM in-process pipeline (0.6B int4
-    step 88-94 ms against eager's 50-54 on the 2-core AVX2 EPYC). The map order follows load addresses, so the case
-    puts the vendored copy first on purpose: the release must still free the worker of torch's pool."""
+    torch's pools; picking the first libgomp in /proc/self/maps did that in a vLLM in-process pipeline
+    (docs/reliability.md). The map order follows load addresses, so the case puts the vendored copy first on
+    purpose: the release must still free the worker of torch's pool."""
     pytest.importorskip("sentencepiece")
     r = _run("""
 import sentencepiece  # loads its vendored libgomp copy (if the wheel has one)
