@@ -131,6 +131,7 @@ class ThreadSampler:
         self._active_s = 0.0
         self._t_started = 0.0
         self._lock = threading.Lock()
+        self._sample_lock = threading.Lock()
         self.sampler_tid: int | None = None
 
     def add_process(self, pid: int, role: str) -> None:
@@ -146,7 +147,12 @@ class ThreadSampler:
 
     # ---- one sample ------------------------------------------------------------------------------
     def sample_once(self) -> None:
-        """Read every thread of every process (and the cores); append rows for the elapsed interval."""
+        """Read every thread of every process (and the cores); append rows for the elapsed interval.
+        Thread-safe: the background thread and a request's end (``ThreadUsageHook.collect``) both call it."""
+        with self._sample_lock:
+            self._sample()
+
+    def _sample(self) -> None:
         c0 = time.thread_time()
         t = time.perf_counter()
         iv_ms = 1e3 * (t - self._prev_t) if self._prev_t is not None else 0.0

@@ -150,12 +150,26 @@ def test_thread_usage_hook_is_reentrant_and_attached_to_the_pipeline(tiny_pipe):
         with hook:  # an outer scope (a benchmark) keeps one sampler running across requests
             tiny_pipe.generate("One.", **KW)
             assert hook.sampler.running
-            # long enough to span many sampling intervals even on a loaded machine
             r = tiny_pipe.generate("Two.", **{**KW, "max_new_tokens": 40})
         assert not hook.sampler.running
     assert r.trace.thread_samples and r.trace.process_samples
     roles = {x["role"] for x in r.trace.thread_samples}
     assert roles == {tiny_pipe.processes()[os.getpid()]}
+
+
+def test_a_request_shorter_than_the_sampling_period_still_gets_its_thread_rows(tiny_pipe):
+    # The period stretches up to 10x when one sample is costly (a busy machine): a 150 ms request
+    # could then end between two samples, with no row. The request's end closes the open interval,
+    # so its trace holds its threads whatever the period (here far longer than the request).
+    hook = ThreadUsageHook(interval_s=60.0)
+    with tiny_pipe.hooks.using(hook):
+        r = tiny_pipe.generate("One.", **KW)
+        with hook:
+            r2 = tiny_pipe.generate("Two.", **KW)
+    client = tiny_pipe.processes()[os.getpid()]
+    for res in (r, r2):
+        rows = [x for x in res.trace.thread_samples if x["role"] == client]
+        assert rows and sum(x["cpu_ms"] for x in rows) > 0, res.trace
 
 
 class _FakeBar:
