@@ -30,16 +30,18 @@ def test_kernel_equals_f_linear(lib, rows, n, k, bias):
     torch.testing.assert_close(gemv.gemv_rows(x, w, b, lib=lib), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
-def test_rows_do_not_depend_on_batch_or_threads(lib):
-    """A row's result is bitwise the same alone, among 1..8 rows, and with 1 or 2 threads."""
-    x, w, _ = _data(8, 3072, 1024, False)
-    alone = torch.cat([gemv.gemv_rows(x[i:i + 1], w, lib=lib) for i in range(8)])
+@pytest.mark.parametrize("n, k, bias", [(3072, 1024, False), (37, 1030, True)])  # 1030: a scalar tail after the lanes
+def test_rows_do_not_depend_on_batch_or_threads(lib, n, k, bias):
+    """A row's result is bitwise the same alone (the kernel's one-row loop), among 1..8 rows (its row blocks), and
+    with 1 or 2 threads."""
+    x, w, b = _data(8, n, k, bias)
+    alone = torch.cat([gemv.gemv_rows(x[i:i + 1], w, b, lib=lib) for i in range(8)])
     threads = torch.get_num_threads()
     try:
         for nt in (1, 2):
             torch.set_num_threads(nt)
             for m in range(1, 9):
-                assert torch.equal(gemv.gemv_rows(x[:m], w, lib=lib), alone[:m]), (m, nt)
+                assert torch.equal(gemv.gemv_rows(x[:m], w, b, lib=lib), alone[:m]), (m, nt)
     finally:
         torch.set_num_threads(threads)
 
