@@ -5,7 +5,8 @@
 - ``run_interleaved``: all built side by side in this process (each only when MemAvailable leaves room for one more
   as large as the largest so far, else an ``InputError`` naming ``--rebuild``: ``check_room``) or, ``--rebuild``,
   each built anew for its turn and closed after it; then ``rounds`` rounds, each a floor measurement and every
-  configuration once, the order rotated every round; a row is the median of its rounds;
+  configuration once, the order rotated every round; a row is the median of its rounds, and its ratios to the
+  first row and to its ``+auto`` sibling are medians of per-round ratios (``paired``: the host's drift cancels);
 - ``run_fresh``: each configuration in its own interpreter (``python -m omnilab.bench.run --child CFG OUT``,
   which runs ``run_same_process`` for that one), merged here.
 
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from omnilab.bench import backends as be
 from omnilab.bench import floors
 from omnilab.bench.memory import mem_available_bytes, tree_rss_bytes
+from omnilab.bench.paired import paired_figures
 from omnilab.errors import InputError
 
 if TYPE_CHECKING:
@@ -173,8 +175,10 @@ def run_interleaved(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict,
                          "all of them (meta.peak_rss_gib_all_configs), not per row"
                          + ("; --rebuild: one configuration in memory at a time, built anew for each turn"
                             if rebuild else ""))
+    pairs = paired_figures(runs)  # ratios taken within a round, then the median: the host's drift cancels
     rows = [{**be.median_row(c.name, runs[c.name]), "pid": os.getpid(), "env": c.env,
-             "init_s": sorted(inits[c.name])[len(inits[c.name]) // 2], **built[c.name]} for c in configs]
+             "init_s": sorted(inits[c.name])[len(inits[c.name]) // 2], **built[c.name], **pairs.get(c.name, {})}
+            for c in configs]
     return rows, points, reqs, rounds
 
 

@@ -6,7 +6,8 @@ The JSON (``BenchResult.to_dict``; read back with ``load_bench``):
   variables it ran under; ``meta``: machine, checkpoint, settings, bandwidth probe, bytes per frame, notes;
 - ``points``: one per configuration in a fixed shape (``BenchResult.points``: backend, dtype asked and run,
   quantization, ms per frame, RTF, frames/s, TTFA, ``effective_gbps`` at one stream and ``n_effective_gbps`` at the
-  largest concurrency (weight bytes per step / step time: N rows share one read), ``fidelity``), beside
+  largest concurrency (weight bytes per step / step time: N rows share one read), ``fidelity``, and with
+  ``--interleave`` ``step_vs_auto`` / ``ttfa_vs_auto``: the row / its ``+auto`` sibling, paired per round), beside
   ``gemv_gbps`` and ``stream_read_gbps`` (the machine's bandwidth probes);
 - ``rows``: one per configuration (and the reference row), each with the keys the table prints
   (``TABLE_COLUMNS``) and more (labels, ranges over rounds, code2wav chunk costs);
@@ -67,7 +68,8 @@ TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("step ms", ("step_ms",), _ms), ("talker", ("talker_ms",), _ms), ("predictor", ("predictor_ms",), _ms),
     ("vLLM overhead %", ("overhead_pct",), "{:.1f}"),
     ("floor ms", ("floor_ms",), _ms), ("step / floor", ("step_floor_ratio",), "{:.2f}"),
-    ("step / first row", ("step_ratio",), "{:.3f}"),
+    ("step / first row", ("step_ratio",), "{:.3f}"),  # --interleave: paired per round (bench.paired)
+    ("step / auto", ("step_vs_auto",), "{:.3f}"), ("TTFA / auto", ("ttfa_vs_auto",), "{:.3f}"),
     ("code2wav ms/frame", ("code2wav_ms_per_frame",), _ms),
     ("TTFA ms (prefill + 1st chunk)", ("ttfa_ms", "prefill_ms", "first_chunk_ms"), _ttfa),
     ("RTF", ("rtf",), "{:.2f}"),
@@ -149,6 +151,8 @@ class BenchResult:
                         "decode_bytes_per_frame": r.get("decode_bytes_per_frame"),
                         "effective_gbps": r.get("effective_gbps"), "n_effective_gbps": r.get("n_effective_gbps"),
                         "fidelity": r.get("fidelity"),
+                        # --interleave with an +auto sibling: this row / auto, median of per-round ratios
+                        "step_vs_auto": r.get("step_vs_auto"), "ttfa_vs_auto": r.get("ttfa_vs_auto"),
                         "wait_pct": r.get("wait_pct")})
         return out
 

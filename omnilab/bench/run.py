@@ -210,8 +210,8 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
         add_fidelity(cfg, ckpt, prompts, rows, meta)
         _reference(cfg, ckpt, rows, meta)
     base = rows[0].get("step_ms") if rows else None
-    for r in rows:
-        if base and isinstance(r.get("step_ms"), float):
+    for r in rows:  # --interleave set it already, paired per round (bench.paired); otherwise the medians' ratio
+        if base and isinstance(r.get("step_ms"), float) and "step_ratio" not in r:
             r["step_ratio"] = r["step_ms"] / base
     meta["load_end"] = os.getloadavg()
     env = {k: v for k, v in os.environ.items() if k.startswith(("OMNILAB_", "VLLM_CPU")) or k in be.ISA_VARS}

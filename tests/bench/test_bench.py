@@ -244,6 +244,9 @@ def test_interleaved_run_alternates_and_writes_one_row_per_configuration(tiny_ck
     for col in _printed_columns(out, rows):  # every figure the table prints is in each row
         assert all(set(col[1]) <= set(r) for r in rows), col[0]
     assert rows[1]["gemv"].startswith("torch") and rows[0]["step_ratio"] == 1.0
+    one = {(p["config"], p["round"]): p["decode_step_ms"] for p in d["summary"] if p["concurrency"] == 1}
+    per_round = [one["eager+torch-gemv", r] / one["eager", r] for r in (1, 2)]  # paired within each round
+    assert rows[1]["step_ratio"] == pytest.approx(sum(per_round) / 2) and rows[1]["step_ratio_range"] == sorted(per_round)
     pts = d["summary"]
     assert sorted((p["config"], p["concurrency"], p["round"]) for p in pts) == sorted(
         (c, n, r) for c in ("eager", "eager+torch-gemv") for n in (1, 2) for r in (1, 2))
