@@ -28,7 +28,7 @@ import pytest
 
 from _deps import need, need_program  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.notebook]
+pytestmark = pytest.mark.notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -207,7 +207,9 @@ def _check_reopened(page, base: str, token: str, path: Path) -> None:
     assert out["audio"] and min(out["audio"]) > 0 and out["live"] == 1, out
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+# the fast tier keeps notebook 00 (the live player included); --all opens every notebook
+@pytest.mark.parametrize("path", [pytest.param(p, marks=() if p.stem == "00_quickstart" else pytest.mark.slow)
+                                  for p in NOTEBOOKS], ids=lambda p: p.stem)
 def test_notebook_in_the_browser(lab, browser, path):
     base, token = lab
     page = browser.new_page()

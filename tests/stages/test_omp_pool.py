@@ -79,7 +79,7 @@ print(json.dumps({"vendored": vendored, "base": base, "pooled": pooled, "release
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs for a 2-thread parallel region")
-@pytest.mark.parametrize("setting", ["auto", "off"])
+@pytest.mark.parametrize("setting", ["auto", pytest.param("off", marks=pytest.mark.slow)])
 def test_a_pipeline_call_leaves_no_idle_pool_behind(tiny_ckpt, setting):
     """The user's path: the caller loaded the model (and did torch work of its own), then generates. With the
     release (default) neither the caller nor the owner thread keeps its workers after the call; with
@@ -102,6 +102,7 @@ pipe.close()
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs for a 2-thread parallel region")
+@pytest.mark.slow
 def test_two_pipelines_side_by_side_keep_no_idle_pool(tiny_ckpt):
     """Two pipelines in one process (a comparison in a notebook, quality.compare, the bench's interleaved rounds):
     each has its own owner thread, so the one not computing must not keep its pool either, or it throttles the

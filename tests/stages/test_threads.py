@@ -96,7 +96,7 @@ def _build(kind: str, ckpt) -> Pipeline:
 
 
 @pytest.fixture(scope="module", params=[
-    "eager", pytest.param("vllm", marks=pytest.mark.vllm),
+    "eager", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
     pytest.param("workers", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def pipe(request, tiny_ckpt):
     """One pipeline per placement for the whole module (the last test closes it)."""
@@ -130,6 +130,7 @@ def test_eight_threads_generate_their_solo_codes(pipe, solo):
     np.testing.assert_array_equal(pipe.generate(TEXTS[0], max_new_tokens=N, **GREEDY).codes, solo[0])
 
 
+@pytest.mark.slow
 def test_interleaved_streams_get_their_own_frames(pipe):
     """Each stream's chunks are exactly the frames the talker produced for its request (recorded at every step,
     so this holds by construction on every placement); in this process, where the 4 requests are added before
@@ -178,6 +179,7 @@ def test_interleaved_streams_get_their_own_frames(pipe):
 
 # Codes equal solo by construction only with rows decoded one by one (eager, batched=False); the vLLM placements
 # are covered by the interleaved test above.
+@pytest.mark.slow
 @pytest.mark.parametrize("pipe", ["eager"], indirect=True)
 def test_eight_threads_each_iterate_their_own_stream(pipe, solo):
     got = _in_threads([lambda t=t: list(pipe.stream(t, max_new_tokens=N, **GREEDY)) for t in TEXTS])

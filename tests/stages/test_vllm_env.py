@@ -258,6 +258,7 @@ def test_worker_engine_follows_threads_bind_and_kvcache_space(tiny_ckpt, monkeyp
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == bind and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
 
 
+@pytest.mark.slow
 def test_worker_engine_follows_the_reserved_cpu_count(tiny_ckpt, monkeypatch):
     """VLLM_CPU_NUM_OF_RESERVED_CPU=1 on the running engine: the plan reserves the last core as vLLM's auto binding
     does, the talker worker's threads run on the other CPU only, and the worker process sees the variable."""

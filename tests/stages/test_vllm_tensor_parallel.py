@@ -178,10 +178,18 @@ def _agrees_up_to_near_ties(model, ref, got, params, label):
     return k
 
 
-@pytest.mark.slow
+def _tp_cases():
+    """tiny and mid x every variant, and mid at int8; the fast tier keeps TP=2 on tiny CustomVoice."""
+    for size, variant, quant in [(s, v, None) for s in ("tiny", "mid") for v in VARIANTS] + [("mid", "custom_voice",
+                                                                                              "int8")]:
+        fast = (size, variant, quant) == ("tiny", "custom_voice", None)
+        yield pytest.param(size, variant, quant, marks=() if fast else pytest.mark.slow,
+                           id=f"{size}-{variant}-{quant or 'none'}")
+
+
 @needs_two
-@pytest.mark.parametrize("size,variant,quant", [(s, v, None) for s in ("tiny", "mid") for v in VARIANTS]
-                         + [("mid", "custom_voice", "int8")])
+@pytest.mark.vllm
+@pytest.mark.parametrize("size,variant,quant", list(_tp_cases()))
 def test_two_ranks_follow_one_rank(tiny_ckpt, mid_ckpt, size, variant, quant):
     from omnilab.checkpoint.load import load_model
     from omnilab.requests import build_request
