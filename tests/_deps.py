@@ -34,8 +34,8 @@ def need(module: str, install: str = "./scripts/setup.sh installs it") -> Module
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        missing(f"cannot import {module!r}: {e}", install)
-        raise  # unreachable: missing() skips or fails
+        why = f"cannot import {module!r}: {e}"
+    missing(why, install)  # outside the except block: the report shows this message, not a chained traceback
 
 
 def need_program(name: str, install: str, path: str | None = None) -> str:
