@@ -26,6 +26,7 @@ def serve_parser() -> argparse.ArgumentParser:
     a("--deploy", default=None, choices=("auto", "inprocess", "workers"), help="vLLM: where the stages run")
     a("--quantization", default=None, help="none | int8 | int4 | int4-g32|64|128")
     a("--dtype", default=None, help="float32 | bfloat16; None = auto per CPU")
+    a("--threads", type=int, default=None, help="talker threads; None = the deploy profile's")
     a("--max-concurrency", type=int, default=d.max_concurrency, help="requests generating at once")
     a("--max-queue", type=int, default=d.max_queue, help="requests waiting for a slot; beyond it: 429")
     a("--max-input-chars", type=int, default=d.max_input_chars, help="longest input text")
@@ -46,7 +47,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     config = ServeConfig(model=args.model, host=args.host, port=args.port,
                          api_key=args.api_key or os.environ.get("OMNILAB_API_KEY") or None, backend=args.backend,
                          deploy_profile=args.deploy_profile, deploy=args.deploy, quantization=args.quantization,
-                         dtype=args.dtype, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
+                         dtype=args.dtype, threads=args.threads, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
                          max_input_chars=args.max_input_chars, max_new_tokens=args.max_new_tokens,
                          max_upload_bytes=args.max_upload_bytes, voices_dir=args.voices_dir,
                          allowed_media_dir=args.allowed_media_dir, drain_timeout_s=args.drain_timeout_s,

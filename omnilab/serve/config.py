@@ -22,6 +22,7 @@ class ServeConfig:
     deploy: str | None = None
     quantization: str | None = None
     dtype: str | None = None
+    threads: int | None = None               # talker threads (None: the deploy profile's)
     max_concurrency: int = 4                 # requests generating at once (the engine's batch)
     max_queue: int = 16                      # requests waiting for a slot; beyond: 429
     max_input_chars: int = 4096              # `input` (and a WebSocket utterance) length cap

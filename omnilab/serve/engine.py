@@ -149,7 +149,7 @@ class Engine:
         c = self.config
         profile = None if (c.deploy_profile or "").lower() == "none" else c.deploy_profile
         self.pipe = Pipeline.from_pretrained(c.model, backend=c.backend, deploy_profile=profile, deploy=c.deploy,
-                                             quantization=c.quantization, dtype=c.dtype,
+                                             quantization=c.quantization, dtype=c.dtype, num_threads=c.threads,
                                              max_concurrency=c.max_concurrency if profile is not None else None)
         cfg = self.pipe.model.config
         self.model_type = cfg.tts_model_type
@@ -242,7 +242,7 @@ class Engine:
             self.engine_died(e)
             raise ApiError(503, f"the engine is dead ({e}); the server is restarting it, retry shortly") from None
         except OmnilabError as e:  # InputError, UnsupportedError, ...: the pipeline's own message
-            raise ApiError(400, str(e)) from None
+            raise api_input_error(e) from None
 
     def _token_counts(self, req: SpeechRequest, rid: str) -> tuple[int, int]:
         """(text tokens of input + instructions, reference codec frames of ICL cloning), as vLLM-Omni counts."""
@@ -273,6 +273,17 @@ class Engine:
 
     def live_streams(self) -> list[Stream]:
         return list(self._live)
+
+
+PIPELINE_TO_API = {"text": "input", "speaker": "voice", "instruct": "instructions"}
+
+
+def api_input_error(e: Exception) -> ApiError:
+    """The pipeline's message, led by the HTTP field it is about where the pipeline's name differs."""
+    msg = str(e)
+    first = msg.split(" ", 1)[0].rstrip(":")
+    api = PIPELINE_TO_API.get(first)
+    return ApiError(400, f"{api}: {msg}" if api else msg, api or (first if first.isidentifier() else None))
 
 
 def concat(chunks: list[np.ndarray]) -> np.ndarray:

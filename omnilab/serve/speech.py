@@ -158,6 +158,10 @@ def parse_speech(body: Any, ctx: SpeechContext, *, streaming_only: bool = False)
     else:
         inferred = ""
     served = next(k for k, v in TASK_TYPES.items() if v == ctx.model_type)
+    if inferred and ctx.model_type == "base" and isinstance(voice, str) and voice and clip is None:
+        raise ApiError(400, f"voice {voice!r} is not an uploaded voice; accepted: "
+                            f"{', '.join(clip_names(ctx)) or 'none uploaded yet (POST /v1/audio/voices)'}, "
+                            "or a ref_audio clip", "voice")
     if TASK_TYPES[task] != ctx.model_type:
         raise ApiError(400, f"task_type {task}{inferred} does not match the served model, a {served} checkpoint; "
                             f"accepted: {served}", "task_type")
