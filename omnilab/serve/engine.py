@@ -140,6 +140,7 @@ class Engine:
         self._slots: asyncio.Semaphore | None = None
         self._live: set[Stream] = set()
         self._restart_lock = threading.Lock()
+        self._restarter: threading.Thread | None = None
 
     # ---- lifetime ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -157,7 +158,10 @@ class Engine:
         self.languages = list(cfg.languages)
         self.state = "ready"
 
-    def close(self) -> None:
+    def close(self, restart_wait_s: float = 300.0) -> None:
+        """Close the pipeline (its workers exit with it), after a restart in progress has ended."""
+        if self._restarter is not None:
+            self._restarter.join(timeout=restart_wait_s)
         self.state = "closed"
         if self.pipe is not None:
             self.pipe.close()
@@ -170,7 +174,8 @@ class Engine:
             self.state, self.error = "restarting", str(err)
         log.warning("engine died (%s); restarting the pipeline", err)
         self.metrics.restarts.labels(self.model_name).inc()
-        threading.Thread(target=self._restart, name="omnilab-serve-restart", daemon=True).start()
+        self._restarter = threading.Thread(target=self._restart, name="omnilab-serve-restart", daemon=True)
+        self._restarter.start()
 
     def _restart(self) -> None:
         try:

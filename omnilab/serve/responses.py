@@ -138,4 +138,7 @@ async def _send_bytes(send, status: int, headers: dict[str, str], body: bytes) -
 
 
 async def _send_json(send, status: int, obj: Any) -> None:
-    await _send_bytes(send, status, {"content-type": "application/json"}, json.dumps(obj).encode())
+    headers = {"content-type": "application/json"}
+    if status in (429, 503):
+        headers["retry-after"] = "5"
+    await _send_bytes(send, status, headers, json.dumps(obj).encode())

@@ -57,8 +57,8 @@ class ThreadServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive(), "the server thread did not end within 60 s"
+        self.thread.join(timeout=300)
+        assert not self.thread.is_alive(), "the server thread did not end within 300 s"
 
 
 def wait_idle(engine, timeout_s: float = 2.0) -> bool:
