@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 from omnilab.cli.main import Formatter
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
@@ -63,6 +64,15 @@ def run(config: ServeConfig) -> None:
 
     from omnilab.serve.app import create_app
 
+    class Server(uvicorn.Server):
+        """SIGTERM is the ordinary way to stop a service: after the drain the process exits with status 0
+        (uvicorn would raise the signal again and die by it). SIGINT keeps uvicorn's behaviour."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM and self._captured_signals and self._captured_signals[-1] == sig:
+                self._captured_signals.pop()
+
     app = create_app(config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
-                timeout_graceful_shutdown=int(config.drain_timeout_s) + 1, ws="websockets-sansio")
+    Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                          timeout_graceful_shutdown=int(config.drain_timeout_s) + 1, ws="websockets-sansio")).run()
