@@ -219,3 +219,26 @@ def test_bad_requests_are_4xx_naming_the_problem_and_the_server_keeps_serving(se
         assert c.get("/health").json() == {"status": "ok"}
     for v in ("custom_voice", "voice_design", "base"):
         assert wait_idle(servers(v).engine) and servers(v).engine.waiting == 0, v
+
+
+def test_pipeline_cancel_from_another_thread_ends_the_stream_at_its_next_step(servers):
+    """``Pipeline.cancel``: what a disconnect calls; no wait for the owner thread, the request ends before the
+    next talker step (here in the middle of a 40-frame chunk)."""
+    from omnilab.errors import InputError
+    from omnilab.models.code2wav_stream import ChunkSchedule
+
+    pipe = servers("custom_voice").engine.pipe
+    assert wait_idle(servers("custom_voice").engine)
+    it = pipe.stream("Cancel me.", speaker="vivian", max_new_tokens=60, request_id="cancel-1",
+                     chunk_schedule=ChunkSchedule(1, (), 40))
+    with pytest.raises(InputError, match="request_id 'cancel-1' is already live"):
+        pipe.stream("Twice.", speaker="vivian", request_id="cancel-1")
+    assert next(it).frame_end == 1
+    with SlowSteps(servers("custom_voice").engine, 0.05) as ends:
+        import threading
+
+        threading.Timer(0.2, pipe.cancel, args=("cancel-1",)).start()
+        with pytest.raises(StopIteration):
+            next(it)
+    assert len(ends) <= 8, f"{len(ends)} steps ran after the cancel"
+    assert pipe.talker.num_live == 0
