@@ -4,6 +4,7 @@ audio.start, binary audio, audio.done, session.done, error)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -16,8 +17,35 @@ from omnilab.serve.speech import ApiError, SpeechContext, encode, parse_speech, 
 MESSAGE_TYPES = ("session.config", "input.text", "input.done", "session.close")
 
 
+class _Reader:
+    """Reads the client's messages into a queue while audio is being generated, so a disconnect is seen at once
+    (the live request is cancelled in the engine) and messages sent ahead are kept in order."""
+
+    def __init__(self, ws: WebSocket):
+        self.ws, self.queue = ws, asyncio.Queue()
+        self.live = None  # the Stream being spoken, cancelled on disconnect
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                self.queue.put_nowait(msg)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        if self.live is not None:
+            self.live.cancel()
+        self.queue.put_nowait(None)
+
+    async def next(self, timeout_s: float):
+        return await asyncio.wait_for(self.queue.get(), timeout=timeout_s)
+
+
 async def serve_ws(ws: WebSocket, engine: Engine, ctx: SpeechContext, config: ServeConfig) -> None:
     await ws.accept()
+    reader = _Reader(ws)
     conf: dict[str, Any] = {}
     stream_audio = False
     buf: list[str] = []
@@ -25,14 +53,21 @@ async def serve_ws(ws: WebSocket, engine: Engine, ctx: SpeechContext, config: Se
     try:
         while True:
             try:
-                msg = await asyncio.wait_for(ws.receive_json(), timeout=config.ws_idle_timeout_s)
+                raw = await reader.next(config.ws_idle_timeout_s)
             except asyncio.TimeoutError:
                 await ws.close(code=1000, reason=f"idle for {config.ws_idle_timeout_s:g} s")
                 return
-            except (ValueError, KeyError):
-                await _err(ws, "messages must be JSON objects with a 'type'; accepted types: " + ", ".join(MESSAGE_TYPES))
-                continue
+            if raw is None:  # the client went away
+                return
+            try:
+                msg = json.loads(raw.get("text") or "")
+            except ValueError:
+                msg = None
             kind = msg.get("type") if isinstance(msg, dict) else None
+            if kind is None:
+                await _err(ws, "messages must be JSON text objects with a 'type'; accepted types: "
+                               + ", ".join(MESSAGE_TYPES))
+                continue
             if kind == "session.config":
                 if buf:
                     await _err(ws, "session.config while text is buffered: send input.done first (no input is "
@@ -63,7 +98,7 @@ async def serve_ws(ws: WebSocket, engine: Engine, ctx: SpeechContext, config: Se
             elif kind == "input.done":
                 text, buf = "".join(buf), []
                 if text.strip():
-                    await _speak(ws, engine, ctx, conf, stream_audio, text, utterance)
+                    await _speak(ws, engine, ctx, conf, stream_audio, text, utterance, reader)
                 await ws.send_json({"type": "session.done", "utterance_index": utterance,
                                     "total_sentences": 1 if text.strip() else 0})
                 utterance += 1
@@ -74,6 +109,8 @@ async def serve_ws(ws: WebSocket, engine: Engine, ctx: SpeechContext, config: Se
                 await _err(ws, f"unknown message type {kind!r}; accepted: {', '.join(MESSAGE_TYPES)}")
     except WebSocketDisconnect:
         return
+    finally:
+        reader.task.cancel()
 
 
 async def _err(ws: WebSocket, message: str) -> None:
@@ -81,7 +118,7 @@ async def _err(ws: WebSocket, message: str) -> None:
 
 
 async def _speak(ws: WebSocket, engine: Engine, ctx: SpeechContext, conf: dict, stream_audio: bool, text: str,
-                 utterance: int) -> None:
+                 utterance: int, reader: _Reader) -> None:
     head = {"utterance_index": utterance, "sentence_index": 0}
     try:
         req = parse_speech({**conf, "input": text, "stream": None, "stream_format": None}, ctx)
@@ -90,6 +127,7 @@ async def _speak(ws: WebSocket, engine: Engine, ctx: SpeechContext, conf: dict, 
         await _err(ws, e.message)
         await ws.send_json({"type": "audio.done", **head, "total_bytes": 0, "error": True})
         return
+    reader.live = stream
     fmt = req.response_format if not stream_audio or req.response_format in ("pcm", "wav") else "pcm"
     await ws.send_json({"type": "audio.start", **head, "sentence_text": text, "format": fmt,
                         "sample_rate": req.sample_rate})
@@ -118,5 +156,6 @@ async def _speak(ws: WebSocket, engine: Engine, ctx: SpeechContext, conf: dict, 
         stream.cancel()
         raise WebSocketDisconnect(1006)
     finally:
+        reader.live = None
         await stream.close(status)
     await ws.send_json({"type": "audio.done", **head, "total_bytes": total, "error": error})

@@ -82,6 +82,10 @@ def test_disconnect_mid_stream_frees_the_request_within_one_second(servers):
             time.sleep(0.01)
         assert talker.num_live == 0 and s.engine.running == 0, \
             f"{talker.num_live} live requests, {s.engine.running} slots 1 s after the disconnect"
+        with s.client(timeout_s=0.8) as c:  # a gathered answer: the client gives up waiting
+            with pytest.raises(httpx.ReadTimeout):
+                c.post("/v1/audio/speech", json={"input": "Too slow for me.", "max_new_tokens": 64})
+        assert wait_idle(s.engine, 1.0), "a gathered request outlived its client by 1 s"
     with s.client() as c:  # still serving
         assert c.post("/v1/audio/speech", json={"input": "Next.", "max_new_tokens": 3}).status_code == 200
 
@@ -108,6 +112,23 @@ def test_websocket_speaks_each_flushed_utterance(servers):
         ws.send(json.dumps({"type": "input.text", "text": 5}))
         assert "string" in json.loads(ws.recv(timeout=60))["message"]
         ws.send(json.dumps({"type": "session.close"}))
+
+
+def test_websocket_disconnect_mid_utterance_frees_the_request_within_one_second(servers):
+    s = servers("custom_voice")
+    assert wait_idle(s.engine)
+    url = s.url.replace("http://", "ws://") + f"/v1/audio/speech/stream?api_key={API_KEY}"
+    with SlowSteps(s.engine, 0.1):
+        with ws_connect(url, open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "session.config", "max_new_tokens": 64, "response_format": "pcm"}))
+            ws.send(json.dumps({"type": "input.text", "text": "Never finished."}))
+            ws.send(json.dumps({"type": "input.done"}))
+            assert json.loads(ws.recv(timeout=60))["type"] == "audio.start"
+            t0 = time.monotonic()
+            while not s.engine.pipe.talker.num_live and time.monotonic() - t0 < 10:
+                time.sleep(0.01)
+        t0 = time.monotonic()  # the socket is closed: no binary frame was ever asked for
+        assert wait_idle(s.engine, 1.0), f"still live {time.monotonic() - t0:.2f} s after the close"
 
 
 def test_metrics_models_voices_and_health(servers):
