@@ -184,7 +184,8 @@ def parse_speech(body: Any, ctx: SpeechContext, *, streaming_only: bool = False)
             kw["ref_audio"] = decode_ref_audio(ref_audio, ctx)
         kw["ref_text"] = ref_text
         kw["x_vector_only_mode"] = body.get("x_vector_only_mode")
-    else:
+    else:  # VoiceDesign: the voice comes from `instructions`; a `voice` is refused by the pipeline, not dropped
+        kw["speaker"] = voice
         for name in ("ref_audio", "ref_text", "x_vector_only_mode"):
             if body.get(name) is not None:
                 raise ApiError(400, f"{name} is only accepted by a Base (voice clone) model; this one is {served}",

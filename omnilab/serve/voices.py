@@ -90,7 +90,8 @@ class VoiceStore:
                            "audio_sample")
         clip = VoiceClip(name=name, audio=np.ascontiguousarray(audio, dtype=np.float32), sample_rate=sample_rate,
                          consent=consent.strip(), created_at=int(time.time()), mime_type=mime_type,
-                         file_size=file_size, ref_text=ref_text or None, speaker_description=speaker_description or None)
+                         file_size=file_size, ref_text=ref_text or None,
+                         speaker_description=speaker_description or None)
         with self._lock:
             if name in self._voices:
                 raise ApiError(409, f"voice {name!r} already exists; DELETE /v1/audio/voices/{name} first", "name")
