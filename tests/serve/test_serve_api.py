@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
 import time
 
 import httpx
@@ -88,6 +89,26 @@ def test_disconnect_mid_stream_frees_the_request_within_one_second(servers):
         assert wait_idle(s.engine, 1.0), "a gathered request outlived its client by 1 s"
     with s.client() as c:  # still serving
         assert c.post("/v1/audio/speech", json={"input": "Next.", "max_new_tokens": 3}).status_code == 200
+
+
+def test_over_the_concurrency_and_queue_caps_is_429_naming_them(servers):
+    s = servers("custom_voice")  # --max-concurrency 2, --max-queue 2
+    assert wait_idle(s.engine)
+    codes = []
+
+    def one():
+        with s.client() as c:
+            codes.append(c.post("/v1/audio/speech", json={"input": "Busy.", "max_new_tokens": 6}))
+    with SlowSteps(s.engine, 0.1):
+        threads = [threading.Thread(target=one) for _ in range(5)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(timeout=120)
+    assert sorted(r.status_code for r in codes) == [200, 200, 200, 200, 429]
+    busy = next(r for r in codes if r.status_code == 429)
+    assert "--max-concurrency 2, --max-queue 2" in busy.json()["error"]["message"] and busy.headers["retry-after"]
 
 
 def test_websocket_speaks_each_flushed_utterance(servers):

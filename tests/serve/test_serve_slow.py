@@ -56,6 +56,14 @@ def test_round_trips_in_wav_pcm_flac(servers, variant):
                     assert sr == rate and len(wav) == want, (fmt, rate, len(wav), want)
                 if variant == "base":
                     assert r.headers["x-vllm-omni-input-audio-tokens"] == "0"  # x-vector only: no ICL codes
+    if variant == "base":  # in-context cloning from a file:// clip under the allowed directory
+        clip = Path(s.config.allowed_media_dir) / "ref.wav"
+        clip.write_bytes(clip_wav_bytes(seconds=0.6))
+        with s.client() as c:
+            r = c.post("/v1/audio/speech", json={"input": "Cloned.", "ref_audio": f"file://{clip}",
+                                                 "ref_text": "A reference.", "max_new_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert int(r.headers["x-vllm-omni-input-audio-tokens"]) > 0  # the clip's codec frames
 
 
 def test_uploaded_voice_survives_a_restart(tiny_ckpt, tmp_path):
@@ -110,6 +118,27 @@ def test_page_plays_a_stream_in_chromium(servers):
             page.wait_for_function("() => window.omnilabStats.played === window.omnilabStats.chunks",
                                    timeout=30_000)  # every scheduled buffer played to its end
             assert "TTFA" in page.inner_text("#stats")
+        finally:
+            browser.close()
+
+
+def test_page_clones_an_uploaded_clip_in_chromium(servers, tmp_path):
+    s = servers("base")
+    clip = tmp_path / "me.wav"
+    clip.write_bytes(clip_wav_bytes(seconds=0.6))
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(f"{s.url}/?api_key={API_KEY}", timeout=30_000)
+            page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+            assert page.is_visible("#clip") and not page.is_visible("#instructions")
+            page.set_input_files("#clip", str(clip))
+            page.fill("#max", "4")
+            page.click("#speak")
+            page.wait_for_function("() => ['done', 'error'].includes(window.omnilabStats.state)", timeout=60_000)
+            stats = page.evaluate("() => ({...window.omnilabStats})")
+            assert stats["state"] == "done" and stats["samples"] > 0 and stats["ttfa_ms"] > 0, stats
         finally:
             browser.close()
 
