@@ -234,7 +234,8 @@ def test_vllm_killed_engine_core_is_503_then_recovers(vllm_server):
 def test_sigterm_drains_in_flight_requests_and_leaves_no_process(tiny_ckpt, tmp_path):
     port = free_port()
     env = {**os.environ, "OMNILAB_API_KEY": API_KEY, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    cmd = [sys.executable, "-m", "omnilab.cli.main", "serve", "--model", str(tiny_ckpt("custom_voice")),
+    entry = "import sys; from omnilab.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", entry, "serve", "--model", str(tiny_ckpt("custom_voice")),
            "--port", str(port), "--backend", "vllm", "--deploy", "workers", "--dtype", "float32", "--threads", "1",
            "--voices-dir", str(tmp_path / "voices"), "--drain-timeout-s", "60"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
