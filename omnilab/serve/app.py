@@ -5,7 +5,6 @@ import contextlib
 import hmac
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from starlette.websockets import WebSocketDisconnect
 
 from omnilab.serve.config import ServeConfig
 from omnilab.serve.engine import Engine

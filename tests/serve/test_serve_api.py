@@ -10,12 +10,12 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import pytest
 import soundfile as sf
 from websockets.sync.client import connect as ws_connect
 
-from conftest import API_KEY, SlowSteps, clip_wav_bytes, data_url, wait_idle
+from _serve_common import servers  # noqa: F401  (the fixture)
+from _serve_common import API_KEY, SlowSteps, clip_wav_bytes, data_url, wait_idle
 
 FRAME_SAMPLES = 1920
 

@@ -19,7 +19,9 @@ import pytest
 import soundfile as sf
 from playwright.sync_api import sync_playwright
 
-from conftest import API_KEY, SlowSteps, ThreadServer, clip_wav_bytes, data_url, free_port, tiny_config, wait_idle
+from _serve_common import servers  # noqa: F401  (the fixture)
+from _serve_common import (API_KEY, SlowSteps, ThreadServer, clip_wav_bytes, data_url, free_port, tiny_config,
+                           wait_idle)
 
 pytestmark = pytest.mark.slow
 FRAME_SAMPLES = 1920

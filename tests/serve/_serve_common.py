@@ -1,5 +1,8 @@
-"""Speech-server fixtures: a uvicorn server on a free loopback port in a thread of this process (so tests can look
-into its engine), started once per module per checkpoint variant, and a client with a bounded timeout."""
+"""What the speech-server tests share: a uvicorn server on a free loopback port in a thread of this process (so
+tests can look into its engine), its tiny configuration, the ``servers`` fixture, audio clips, slowed talker steps.
+
+Test modules import the fixture (``from _serve_common import servers``): a ``tests/serve/conftest.py`` would
+take the module name ``conftest`` from ``tests/conftest.py``, which other test modules import helpers from."""
 from __future__ import annotations
 
 import base64
