@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-jupytext = pytest.importorskip("jupytext")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+from _deps import need  # noqa: E402
+
+jupytext = need("jupytext")
+nbclient = need("nbclient")
+need("ipykernel")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -36,7 +38,7 @@ PROMISES = {"00_quickstart": ["tiny custom_voice", "<b>SynthesisResult</b>", "qu
                              "frames equal before the first difference", "talker-rank1", "no memory-bandwidth gain"]}
 NEVER = ("broken", "outside the request span", "0b6 custom_voice", "Traceback")
 
-pytestmark = [pytest.mark.notebook, pytest.mark.slow]
+pytestmark = pytest.mark.notebook
 
 
 def test_every_notebook_is_listed():
@@ -69,8 +71,15 @@ def _text(nb) -> tuple[str, list[str]]:
     return "\n".join(text), stderr
 
 
-@pytest.mark.parametrize("mode", ["inprocess", "workers"])
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def _runs():
+    """(path, mode) of every notebook in both placements; the fast tier keeps notebook 00 as a user first runs it."""
+    for mode in ("inprocess", "workers"):
+        for path in NOTEBOOKS:
+            fast = (path.stem, mode) == ("00_quickstart", "inprocess")
+            yield pytest.param(path, mode, marks=() if fast else pytest.mark.slow, id=f"{mode}-{path.stem}")
+
+
+@pytest.mark.parametrize("path, mode", list(_runs()))
 def test_notebook_executes(path, mode, tmp_path, monkeypatch):
     monkeypatch.setenv("OMNILAB_TINY", "1")
     if mode == "workers":  # one thread per stage: the profile splits the CPUs, the stages run in worker processes

@@ -12,10 +12,11 @@ import signal
 import numpy as np
 import pandas as pd
 import pytest
+
+from _deps import need  # noqa: E402
 import soundfile as sf
 
-ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+ray = need("ray")
 
 RUN = dict(backend="eager", dtype="float32", progress=False)
 ROWS = {
@@ -40,7 +41,7 @@ COLS = ["id", "text", "speaker", "instruct", "language", "ref_audio", "ref_text"
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster():  # only the slow tests use it
     """Two Ray nodes of 1 CPU each on this machine (``local_cluster``: fixed agent ports, a longer raylet start
     wait and retries, for a loaded host)."""
     from omnilab.batch.cluster import local_cluster
@@ -50,6 +51,23 @@ def cluster():
     yield c
     ray.shutdown()
     c.shutdown()
+
+
+def test_local_ray_batch_writes_each_row_equal_to_generate(tiny_ckpt, tmp_path):
+    """``address="local"``: one Ray node started on this machine runs the rows in an actor; each WAV equals a local
+    ``generate`` with the same settings, and the node is gone afterwards."""
+    from omnilab.batch import synthesize
+
+    rows = ROWS["custom_voice"][:2]
+    m = _manifest(tmp_path / "manifest.csv", rows)
+    rep = synthesize(m, tiny_ckpt("custom_voice"), tmp_path / "out", address="local", threads=1, log=lambda s: None,
+                     **RUN)
+    assert rep.mode == "ray" and rep.failed == () and sorted(rep.done) == ["cv1", "cv2"]
+    ref = _local(tiny_ckpt("custom_voice"), rows, tmp_path)
+    for rid, audio in ref.items():
+        wav, sr = sf.read(tmp_path / "out" / "wav" / f"{rid}.wav", dtype="float32")
+        assert sr == 24000 and np.array_equal(wav, audio), rid
+    assert not ray.is_initialized()
 
 
 def _manifest(path, rows):
@@ -77,6 +95,7 @@ def _local(ckpt, rows, base_dir):
     return out
 
 
+@pytest.mark.slow
 def test_twelve_rows_over_three_variants_on_two_nodes(cluster, tiny_ckpt, tmp_path):
     from omnilab.batch import synthesize
 
@@ -110,6 +129,7 @@ def test_twelve_rows_over_three_variants_on_two_nodes(cluster, tiny_ckpt, tmp_pa
     assert total == 12 and len(nodes) == 2
 
 
+@pytest.mark.slow
 def test_a_killed_actor_is_restarted_and_a_rerun_resumes(cluster, tiny_ckpt, tmp_path):
     from omnilab.batch import synthesize
 

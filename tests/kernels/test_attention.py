@@ -218,7 +218,7 @@ def test_paged_rejects_block_ids_outside_the_cache(lib):
         _paged(lib, qkv, nw, cos, sin, cache, torch.tensor([[0, -1]], dtype=torch.int32), [40], 4, 2, 16)
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("quantization", [pytest.param(None, marks=pytest.mark.slow), "int8"])
 def test_greedy_codes_match_the_torch_ops_on_the_pipeline(tiny_ckpt, fresh_choice, quantization):
     """The user's path (eager, greedy, tiny checkpoint): the kernel and torch's ops give the same codes (their
     difference is fp32 rounding; the tiny model has no near-tie there — a stated property of this checkpoint,

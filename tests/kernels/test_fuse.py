@@ -100,7 +100,7 @@ def test_a_replaced_weight_rebuilds_the_fused_matrix():
     assert torch.equal(out[1], linear(x, mods[1].weight))
 
 
-@pytest.mark.parametrize("quantization", [None, "int4"])
+@pytest.mark.parametrize("quantization", [None, pytest.param("int4", marks=pytest.mark.slow)])
 def test_greedy_codes_do_not_change_with_fusion(tiny_ckpt, monkeypatch, quantization):
     """The user's path (eager pipeline, greedy): the same codes with the fused calls as without."""
     from omnilab.pipeline import Pipeline

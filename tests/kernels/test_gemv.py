@@ -117,6 +117,7 @@ def test_linear_over_bf16_weights(fresh_choice):
     assert gemv.linear(x.bfloat16(), w16).dtype == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_compiled_linear_over_bf16_weights_calls_the_same_code(fresh_choice):
     """Under torch.compile the bf16-weight linear is one opaque op: bitwise the eager result (no per-call
     conversion of the matrix inside the graph), for kernel-sized and prefill-sized inputs."""

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
 from omnilab.errors import ConfigError, InputError
@@ -47,6 +49,7 @@ def test_an_identical_second_load_agrees_exactly(tiny_pipe, load_pipe):
     _assert_identical(compare(tiny_pipe, load_pipe(), TEXTS[:1], **GEN), 1)
 
 
+@pytest.mark.slow
 def test_base_icl_with_reference_codes_agrees_with_itself(load_pipe):
     pipe = load_pipe("base")
     wav = (0.1 * np.random.default_rng(0).standard_normal(24000)).astype(np.float32)
@@ -55,7 +58,7 @@ def test_base_icl_with_reference_codes_agrees_with_itself(load_pipe):
     _assert_identical(rep, 1)  # the SNR decodes with the reference codes as prefix on both sides
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", pytest.param("int4", marks=pytest.mark.slow)])
 def test_quantized_against_fp32_gives_sound_values(tiny_pipe, load_pipe, method):
     test = load_pipe(quantization=method)
     rep = compare(tiny_pipe, test, TEXTS, **GEN)
@@ -73,6 +76,7 @@ def test_quantized_against_fp32_gives_sound_values(tiny_pipe, load_pipe, method)
     assert s["c0_agreement"] == pytest.approx(float(np.mean(rep.rows["c0_agreement"])), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_a_broken_test_pipeline_scores_low(tiny_pipe, load_pipe):
     """Zeroed heads give all-equal logits, so the test's argmax is id 0 everywhere: agreement is then exactly the
     fraction of reference codes that are 0 (low), and KL(ref || uniform) > 0."""
@@ -89,6 +93,7 @@ def test_a_broken_test_pipeline_scores_low(tiny_pipe, load_pipe):
     assert row["cp_agreement"] < 0.5 and row["c0_kl_mean"] > 0.0
 
 
+@pytest.mark.slow
 def test_teacher_forcing_scores_every_reference_frame_of_a_diverging_model(tiny_pipe, eos_pipe):
     free = eos_pipe.generate(TEXTS[0], do_sample=False, subtalker_do_sample=False, **GEN)
     assert free.finish_reason == "eos" and len(free.codes) == 2  # running free it stops after 2 frames
@@ -124,10 +129,11 @@ def test_empty_texts_and_mismatched_models_are_refused(tiny_pipe, load_pipe):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_a_vllm_reference_is_teacher_forced_through_its_client_modules(tiny_ckpt, tiny_pipe):
     """In-process vLLM runs the client's own Talker object, so forcing it equals forcing the eager load; its greedy
     codes equal eager's (tests/stages/test_vllm_talker.py), so the replay agreement is 1.0 as well."""
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.pipeline import Pipeline
 
     with Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="vllm", deploy_profile=None, dtype="float32",
@@ -137,6 +143,7 @@ def test_a_vllm_reference_is_teacher_forced_through_its_client_modules(tiny_ckpt
     _assert_identical(rep, 1)
 
 
+@pytest.mark.slow
 def test_one_reference_run_serves_several_comparisons(tiny_pipe, load_pipe):
     """``reference()`` once, then ``compare(run, test)``: the same report as ``compare(ref, test, texts)`` (same
     kernels, values and shapes in this process: the same bits), without running the reference again."""

@@ -67,6 +67,7 @@ def test_worker_gets_the_choice_and_matches_in_process(ckpt, local_bf16, monkeyp
             ls.close()
 
 
+@pytest.mark.slow
 def test_worker_runs_the_conv_path_of_the_environment(ckpt, monkeypatch):
     """OMNILAB_CODE2WAV_CONV reaches the worker's decoder (it inherits the client's environment) and info() says so;
     the in-process stage reports its own."""

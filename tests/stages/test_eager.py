@@ -31,7 +31,7 @@ def solo(model, p, params, **engine_kw):
     return run_to_completion(e, return_hidden=True)["x"]
 
 
-@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("batched", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_request_alone_equals_request_among_others(model, batched):
     cfg, t = model
     target = prompt(model, non_streaming_mode=False)  # streaming: trailing text queue in use

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from _deps import need  # noqa: E402
+
 from omnilab.errors import ConfigError
 
 _COMMON = """
@@ -58,7 +60,7 @@ def test_release_pauses_torchs_libgomp_not_a_vendored_copy():
     torch's pools; picking the first libgomp in /proc/self/maps did that in a vLLM in-process pipeline
     (docs/reliability.md). The map order follows load addresses, so the case puts the vendored copy first on
     purpose: the release must still free the worker of torch's pool."""
-    pytest.importorskip("sentencepiece")
+    need("sentencepiece")
     r = _run("""
 import sentencepiece  # loads its vendored libgomp copy (if the wheel has one)
 from omnilab.stages import omp_pool
@@ -77,7 +79,7 @@ print(json.dumps({"vendored": vendored, "base": base, "pooled": pooled, "release
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs for a 2-thread parallel region")
-@pytest.mark.parametrize("setting", ["auto", "off"])
+@pytest.mark.parametrize("setting", ["auto", pytest.param("off", marks=pytest.mark.slow)])
 def test_a_pipeline_call_leaves_no_idle_pool_behind(tiny_ckpt, setting):
     """The user's path: the caller loaded the model (and did torch work of its own), then generates. With the
     release (default) neither the caller nor the owner thread keeps its workers after the call; with
@@ -100,6 +102,7 @@ pipe.close()
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs for a 2-thread parallel region")
+@pytest.mark.slow
 def test_two_pipelines_side_by_side_keep_no_idle_pool(tiny_ckpt):
     """Two pipelines in one process (a comparison in a notebook, quality.compare, the bench's interleaved rounds):
     each has its own owner thread, so the one not computing must not keep its pool either, or it throttles the

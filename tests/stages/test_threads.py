@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from _deps import need  # noqa: E402
+
 from omnilab.errors import InputError, WorkerError
 from omnilab.pipeline import Pipeline
 from omnilab.stages.base import FrameOutput
@@ -80,7 +82,7 @@ def _build(kind: str, ckpt) -> Pipeline:
         pipe = Pipeline.from_pretrained(ckpt, backend="eager", dtype="float32", deploy_profile=None)
         pipe._talker.engine.batched = False  # rows one by one: a stream's codes do not depend on its batch mates
         return pipe
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.stages.vllm.deploy import VllmDeploy
     from omnilab.stages.vllm.engine import VllmStageConfig
 
@@ -94,7 +96,7 @@ def _build(kind: str, ckpt) -> Pipeline:
 
 
 @pytest.fixture(scope="module", params=[
-    "eager", pytest.param("vllm", marks=pytest.mark.vllm),
+    "eager", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow]),
     pytest.param("workers", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def pipe(request, tiny_ckpt):
     """One pipeline per placement for the whole module (the last test closes it)."""
@@ -128,6 +130,7 @@ def test_eight_threads_generate_their_solo_codes(pipe, solo):
     np.testing.assert_array_equal(pipe.generate(TEXTS[0], max_new_tokens=N, **GREEDY).codes, solo[0])
 
 
+@pytest.mark.slow
 def test_interleaved_streams_get_their_own_frames(pipe):
     """Each stream's chunks are exactly the frames the talker produced for its request (recorded at every step,
     so this holds by construction on every placement); in this process, where the 4 requests are added before
@@ -174,10 +177,11 @@ def test_interleaved_streams_get_their_own_frames(pipe):
     _live_nothing(pipe)
 
 
+# Codes equal solo by construction only with rows decoded one by one (eager, batched=False); the vLLM placements
+# are covered by the interleaved test above.
+@pytest.mark.slow
+@pytest.mark.parametrize("pipe", ["eager"], indirect=True)
 def test_eight_threads_each_iterate_their_own_stream(pipe, solo):
-    if pipe.kind != "eager":
-        pytest.skip("codes equal solo by construction only with rows decoded one by one (eager batched=False); "
-                    "the vLLM placements are covered by the interleaved test above")
     got = _in_threads([lambda t=t: list(pipe.stream(t, max_new_tokens=N, **GREEDY)) for t in TEXTS])
     for i, (cs, ref) in enumerate(zip(got, solo)):
         assert cs[-1].is_last
@@ -242,11 +246,10 @@ def test_a_stream_never_iterated_frees_its_request_when_dropped(pipe):
     _live_nothing(pipe)
 
 
+@pytest.mark.parametrize("pipe", ["eager"], indirect=True)  # placement-independent pipeline code: checked once
 def test_interrupted_caller_cancels_its_generate(pipe, solo):
     """A KeyboardInterrupt in the waiting thread (as Ctrl-C in a notebook) stops the call on the owner thread at
     its next talker step; its request is aborted and the pipeline answers the next call as before."""
-    if pipe.kind != "eager":
-        pytest.skip("the cancel path is placement-independent (pipeline code); checked once")
     steps = []
     inner = pipe._step
     pipe._step = lambda *a, **k: (steps.append(1), time.sleep(0.05), inner(*a, **k))[2]

@@ -18,7 +18,6 @@ import os
 import signal
 import time
 
-import numpy as np
 import psutil
 import pytest
 import torch
@@ -133,16 +132,8 @@ def test_profile_runs_two_ranks_on_one_node_with_a_warning(monkeypatch, tmp_path
 
 # ---------------------------------------------------------------- the engine: two ranks, one core each
 @pytest.fixture(scope="module")
-def mid_ckpt(tmp_path_factory):
-    from omnilab.checkpoint.random import make_random_checkpoint
-    made = {}
-
-    def get(variant):
-        if variant not in made:
-            made[variant] = make_random_checkpoint(tmp_path_factory.mktemp(f"mid-{variant}"), size="mid",
-                                                   variant=variant, seed=1, overwrite=True)
-        return made[variant]
-    return get
+def mid_ckpt(random_ckpt):
+    return lambda variant: random_ckpt("mid", variant, 1)
 
 
 def _tp_stage(model, **kw):
@@ -187,10 +178,18 @@ def _agrees_up_to_near_ties(model, ref, got, params, label):
     return k
 
 
-@pytest.mark.slow
+def _tp_cases():
+    """tiny and mid x every variant, and mid at int8; the fast tier keeps TP=2 on tiny CustomVoice."""
+    for size, variant, quant in [(s, v, None) for s in ("tiny", "mid") for v in VARIANTS] + [("mid", "custom_voice",
+                                                                                              "int8")]:
+        fast = (size, variant, quant) == ("tiny", "custom_voice", None)
+        yield pytest.param(size, variant, quant, marks=() if fast else pytest.mark.slow,
+                           id=f"{size}-{variant}-{quant or 'none'}")
+
+
 @needs_two
-@pytest.mark.parametrize("size,variant,quant", [(s, v, None) for s in ("tiny", "mid") for v in VARIANTS]
-                         + [("mid", "custom_voice", "int8")])
+@pytest.mark.vllm
+@pytest.mark.parametrize("size,variant,quant", list(_tp_cases()))
 def test_two_ranks_follow_one_rank(tiny_ckpt, mid_ckpt, size, variant, quant):
     from omnilab.checkpoint.load import load_model
     from omnilab.requests import build_request

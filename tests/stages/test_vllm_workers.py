@@ -13,9 +13,11 @@ import time
 import numpy as np
 import psutil
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
-pytest.importorskip("vllm")
+need("vllm")
 
 from omnilab.errors import WorkerError  # noqa: E402
 from omnilab.checkpoint.load import load_model  # noqa: E402
@@ -26,7 +28,7 @@ from omnilab.stages.vllm.engine import VllmStageConfig, VllmTalkerStage  # noqa:
 
 from _vllm_common import TEXT, eager_codes, greedy, user_requests, vllm_run  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm  # the fast tier keeps the one workers pipeline (the module's fixture)
 _CPUS = sorted(os.sched_getaffinity(0))
 TALKER_CPUS, CODE2WAV_CPUS = (_CPUS[0],), (_CPUS[-1],)
 KW = dict(speaker="vivian", language="english", do_sample=False, subtalker_do_sample=False, max_new_tokens=9)
@@ -107,6 +109,7 @@ def test_abort_mid_stream_leaves_nothing(pipe, ref):
     assert _children() == before
 
 
+@pytest.mark.slow
 def test_dead_worker_raises_then_close_stops_everything(pipe):
     pids = set(pipe.processes()) - {os.getpid()}
     talker_pid = next(pid for pid, r in pipe.processes().items() if r == "talker")
@@ -130,6 +133,7 @@ def test_dead_worker_raises_then_close_stops_everything(pipe):
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["voice_design", "base"])
 def test_other_variants_multiprocess_greedy_equal_eager(tiny_ckpt, kind):
     model = load_model(tiny_ckpt(kind), dtype="float32")
