@@ -25,6 +25,7 @@ import functools
 import importlib
 import itertools
 import os
+import threading
 import time
 import weakref
 from typing import Any, Hashable, Iterator, Sequence
@@ -76,6 +77,8 @@ class Pipeline(OwnedRequests, PipelineRepr):
         self.chunk_schedule = chunk_schedule or ChunkSchedule(first_frames=1, ramp=(), steady_frames=25)
         self._ids = itertools.count()
         self._requests: dict[Hashable, dict[str, Any]] = {}
+        self._cancelled: set[Hashable] = set()  # request ids cancel() asked to end (any thread)
+        self._cancel_lock = threading.Lock()
         self._closed = False
         self.hooks = as_hooks(hooks)
         self.recorder = Recorder(self.hooks, meta={
@@ -322,19 +325,20 @@ class Pipeline(OwnedRequests, PipelineRepr):
 
     # ---- streaming ------------------------------------------------------------------------------------
     def stream(self, text: str | None = None, *, chunk_schedule: ChunkSchedule | None = None,
-               **kwargs) -> Iterator[AudioChunk]:
+               request_id: Hashable | None = None, **kwargs) -> Iterator[AudioChunk]:
         """Yield ``AudioChunk``s of one utterance as soon as each chunk of frames is decoded.
 
         Chunk sizes follow ``chunk_schedule`` (default: the pipeline's, first chunk 1 frame then 25).
         Closing the iterator early (``break``, ``.close()``, garbage collection) aborts the request and
-        frees its talker KV cache and decoder state. Same keyword arguments as :meth:`generate`.
+        frees its talker KV cache and decoder state; so does ``cancel(request_id)`` from any thread, within a
+        talker step. Same keyword arguments as :meth:`generate`; ``request_id`` names the request (None: made up).
         """
         self._check_open()
         if isinstance(text, (list, tuple)):
             raise InputError("stream() takes one text; use generate() for a list")
         st = dict(sched=chunk_schedule or self.chunk_schedule, pending=[], chunk_idx=0, frame_start=0,
                   finished=False, reason="", t=None)
-        st["rid"], st["preq"] = self._owner.run(self._start_routed, text, kwargs)
+        st["rid"], st["preq"] = self._owner.run(self._start_routed, text, kwargs, request_id)
         st["info"] = self._requests[st["rid"]]
         return OwnedIterator(self._owner, functools.partial(self._stream_next, st),
                              functools.partial(self._stream_end, st))

@@ -26,6 +26,7 @@ SUMMARIES = {
     "plan": "plan threads, CPU lists, KV budget, dtype and chunking for both stages",
     "bench": "benchmark configurations (eager, vllm, vllm-workers, ...) side by side on one checkpoint",
     "batch": "synthesize a manifest (CSV / JSONL / Parquet) on Ray actors, or in this process without Ray",
+    "serve": "serve the speech API (vLLM-Omni's /v1/audio/speech, voices, WebSocket) and a page on one Pipeline",
     "help": "show the help of a command: omnilab help COMMAND",
 }
 
@@ -159,6 +160,7 @@ COMMANDS = {
     "plan": _lazy("omnilab.cli.profile", "plan_main"),
     "bench": _lazy("omnilab.bench.run", "bench_main"),
     "batch": _lazy("omnilab.cli.batch", "batch_main"),
+    "serve": _lazy("omnilab.cli.serve", "serve_main"),
 }
 
 

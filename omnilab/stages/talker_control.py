@@ -67,11 +67,13 @@ class OwnedRequests:
     def code2wav(self, stage) -> None:
         self._code2wav = OwnedProxy(getattr(stage, "_obj", stage), self._owner)
 
-    def _start_routed(self, text, kw: dict[str, Any]):
+    def _start_routed(self, text, kw: dict[str, Any], request_id: Hashable | None = None):
         """``_start`` for generate()/stream(): the request's outputs are queued for it (``FrameRouter``)."""
         self._check_open()
         self._check_idle()
-        rid, preq = self._start(text, kw)
+        if request_id is not None and (request_id in self._requests or request_id in self._router):
+            raise InputError(f"request_id {request_id!r} is already live; give each request its own id")
+        rid, preq = self._start(text, kw, request_id)
         self._router.add(rid)
         return rid, preq
 
@@ -107,13 +109,28 @@ class OwnedRequests:
         self._router.end(request_id, out)  # a stream() of it ends at its next iteration
         self.recorder.end(request_id, "abort")
 
+    def cancel(self, request_id: Hashable) -> None:
+        """End a request from any thread without waiting for the owner thread: it is aborted before the next
+        talker step of any generate()/stream() loop (a frame at most), its stream ends at its next iteration."""
+        with self._cancel_lock:
+            self._cancelled.add(request_id)
+
+    def _abort_cancelled(self) -> None:
+        with self._cancel_lock:
+            ids, self._cancelled = self._cancelled, set()
+        for rid in ids:
+            if rid in self._requests:
+                self._abort(rid)
+
     def _pump(self, return_hidden: bool = False) -> list:
         """One talker step of a generate()/stream() loop; stops here when the pipeline was closed or the caller
-        was interrupted (the loop aborts its requests)."""
+        was interrupted (the loop aborts its requests). Requests cancelled from other threads end first."""
         if self._closed:
             raise InputError("this Pipeline was closed while the request was running")
         if self._owner.cancelled():
             raise Cancelled("the caller was interrupted")
+        if self._cancelled:
+            self._abort_cancelled()
         return self._step(return_hidden)
 
     def _check_idle(self) -> None:
