@@ -170,8 +170,7 @@ def native_notices() -> Iterator[None]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``-v/--verbose`` (repeatable) on a command line: ``-v`` = info (vLLM's warnings back), ``-vv`` = debug."""
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help=f"show more: -v = info (omnilab's info, vLLM's warnings), -vv = debug; default: "
-                             f"{ENV} or 'warning' (omnilab's warnings, third-party errors only)")
+                        help=f"show more: -v info and vLLM's warnings, -vv debug (default: {ENV}, else warnings)")
 
 
 def apply_arguments(args: argparse.Namespace) -> str:
