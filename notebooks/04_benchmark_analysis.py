@@ -91,7 +91,7 @@ fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", 
 
 # %%
 rows = pd.concat([pd.DataFrame(r.rows).assign(run=name) for name, r in runs.items()], ignore_index=True)
-cols = ["run", "config", "step_ms", "floor_ms", "step_floor_ratio", "effective_gbps", "wait_pct"]
+cols = ["run", "config", "step_ms", "ttfa_ms", "rtf", "floor_ms", "step_floor_ratio", "effective_gbps", "wait_pct"]
 rows[[c for c in cols if c in rows]].round(2)
 
 # %% [markdown]
