@@ -26,6 +26,7 @@ SUMMARIES = {
     "plan": "plan threads, CPU lists, KV budget, dtype and chunking for both stages",
     "bench": "benchmark configurations (eager, vllm, vllm-workers, ...) side by side on one checkpoint",
     "batch": "synthesize a manifest (CSV / JSONL / Parquet) on Ray actors, or in this process without Ray",
+    "settings": "list every OMNILAB_* environment variable with its value here and its source",
     "help": "show the help of a command: omnilab help COMMAND",
 }
 
@@ -171,6 +172,7 @@ COMMANDS = {
     "plan": _lazy("omnilab.cli.profile", "plan_main"),
     "bench": _lazy("omnilab.bench.run", "bench_main"),
     "batch": _lazy("omnilab.cli.batch", "batch_main"),
+    "settings": _lazy("omnilab.cli.settings", "settings_main"),
 }
 
 
