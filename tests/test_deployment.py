@@ -142,7 +142,7 @@ def test_in_process_profile_says_what_runs():
     assert fitted.code2wav_threads == explicit.code2wav_threads  # the user's value is what runs
 
 
-def test_an_automatic_split_layout_gives_the_in_process_talker_every_core(monkeypatch):
+def test_an_automatic_split_layout_gives_the_in_process_talker_every_core():
     """A split layout (talker and code2wav on disjoint cores, planned for a code2wav process beside the talker, as
     the int4 plan on 2 cores was before splits paid for vLLM's engine core) would leave a core idle in this process,
     where the stages take turns: the talker gets both cores and code2wav its threads, with the reason. An explicit
@@ -151,19 +151,21 @@ def test_an_automatic_split_layout_gives_the_in_process_talker_every_core(monkey
     from omnilab.hardware import probe_hardware
     from pathlib import Path
 
+    from omnilab.profiles.profile import Resolved
+
     hw = probe_hardware(Path(__file__).parent / "fixtures" / "hardware" / "vm2_avx2.json")
-    # the split as the planner proposed it before it scored vLLM's engine core on the stages' cores (the case holds
-    # for any automatic split: a 2-core split now has to be >= FRONT_END_PENALTY faster to be chosen)
-    monkeypatch.setattr("omnilab.profiles.planner.FRONT_END_PENALTY", 1.0)
-    p = plan(hw, env={}, overrides={"quantization": "int4"})
-    if p.mode.value != "split":  # the cost model picks the layout; force it the automatic way otherwise
-        pytest.skip(f"the int4 plan on this fixture is {p.mode.value!r}, not split")
+    # an automatic split of the 2-core fixture (talker on CPU 0, code2wav on CPU 1), every value planned ("auto"),
+    # whichever layout the cost model prefers today
+    auto = plan(hw, env={}, overrides={"quantization": "int4"})
+    split = {"mode": "split", "talker_threads": 1, "talker_cpus": ((0,),), "code2wav_threads": 1,
+             "code2wav_cpus": (1,)}
+    p = auto.replace(**{k: Resolved(v, "a planned split", "auto") for k, v in split.items()})
     assert p.threads("talker") == 1 and p.mode.source == "auto"
     fitted, _ = fit_in_process(p, affinity={0, 1})
     assert fitted.threads("talker") == 2 and set(fitted.cpus("talker")) == {0, 1}
     assert fitted.threads("code2wav") == 2 and fitted.mode.value == "shared"
     assert fitted.talker_threads.source == "placement" and "lock-step" in fitted.talker_threads.reason
-    explicit = plan(hw, env={}, overrides={"quantization": "int4", "talker_threads": 1})
+    explicit = p.replace(talker_threads=Resolved(1, "asked", "argument"))
     fitted, _ = fit_in_process(explicit, affinity={0, 1})
     assert fitted.threads("talker") == 1 and fitted.talker_threads == explicit.talker_threads
 

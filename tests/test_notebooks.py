@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-jupytext = pytest.importorskip("jupytext")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+from _deps import need  # noqa: E402
+
+jupytext = need("jupytext")
+nbclient = need("nbclient")
+need("ipykernel")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))

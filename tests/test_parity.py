@@ -75,17 +75,15 @@ def _file_hashes(path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def parity_ckpt(tmp_path_factory):
-    """``get(key) -> Path``: the golden's checkpoint rebuilt with the factory, verified by sha256."""
-    from omnilab.checkpoint.random import make_random_checkpoint
-
+def parity_ckpt(random_ckpt):
+    """``get(key) -> Path``: the golden's checkpoint rebuilt with the factory (the run's shared copy), verified by
+    sha256."""
     made: dict[str, Path] = {}
 
     def get(key: str) -> Path:
         if key not in made:
             info = INDEX["checkpoints"][key]
-            path = tmp_path_factory.mktemp(f"parity-{key}") / "ckpt"
-            make_random_checkpoint(path, info["size"], info["variant"], info["seed"])
+            path = random_ckpt(info["size"], info["variant"], info["seed"])
             got = _file_hashes(path)
             want = info["files"]
             if got != want:

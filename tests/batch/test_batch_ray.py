@@ -12,9 +12,11 @@ import signal
 import numpy as np
 import pandas as pd
 import pytest
+
+from _deps import need  # noqa: E402
 import soundfile as sf
 
-ray = pytest.importorskip("ray")
+ray = need("ray")
 pytestmark = pytest.mark.slow
 
 RUN = dict(backend="eager", dtype="float32", progress=False)

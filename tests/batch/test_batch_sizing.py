@@ -1,6 +1,9 @@
 """How many actors a Ray node gets, the CPUs each reserves, and when an actor is pinned (no Ray needed)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from omnilab.batch.cluster import size_node
@@ -32,6 +35,20 @@ def test_threads_and_actors_per_node_override_and_are_checked():
         size_node(2, [(0, (0, 1))], threads=4, where="h")
 
 
+def _sys_topology(cpu: int) -> tuple[int, int, int]:
+    """(NUMA node, package, core id) of logical CPU ``cpu``, read from sysfs (independently of omnilab.hardware)."""
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}")
+    nodes = [int(d.name[4:]) for d in base.glob("node[0-9]*")]
+    top = base / "topology"
+    return (nodes[0] if nodes else 0, int((top / "physical_package_id").read_text()), int((top / "core_id").read_text()))
+
+
+@pytest.mark.skipif(not Path("/sys/devices/system/cpu/cpu0/topology/core_id").exists(), reason="no sysfs CPU topology")
 def test_this_machine_reports_its_numa_pools():
-    pools = numa_pools()
-    assert pools and all(isinstance(n, int) and cpus for n, cpus in pools)
+    """One pool per NUMA node of this process's CPUs, one CPU per physical core (its first logical CPU), as sysfs
+    describes the machine."""
+    want: dict[int, dict[tuple[int, int], int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        node, pkg, core = _sys_topology(cpu)
+        want.setdefault(node, {}).setdefault((pkg, core), cpu)  # first logical CPU of each core
+    assert numa_pools() == sorted((n, tuple(sorted(cores.values()))) for n, cores in want.items())

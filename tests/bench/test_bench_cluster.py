@@ -6,9 +6,11 @@ import json
 
 import pytest
 
+from _deps import need  # noqa: E402
+
 from omnilab.bench.run import BenchConfig, bench_main, run_bench
 
-ray = pytest.importorskip("ray")
+ray = need("ray")
 
 
 def test_address_refuses_interleave():

@@ -9,11 +9,12 @@ the kernel layout is bitwise the at-load one and every later operation runs on i
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 from safetensors import safe_open
 
@@ -110,7 +111,7 @@ def test_pack_matches_the_documented_recipe_and_round_trips(bits, lo, hi, k):
 def test_packing_and_config_agree_with_compressed_tensors():
     """Where vLLM's compressed-tensors package is installed: its pack/unpack give the same words, and its config
     model (which forbids unknown fields) and vLLM's CompressedTensorsConfig read the written config."""
-    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    helpers = need("compressed_tensors.compressors.pack_quantized.helpers")
     from compressed_tensors.quantization import QuantizationConfig
 
     for bits, lo, hi in ((4, -8, 7), (8, -128, 127)):
@@ -160,7 +161,7 @@ def test_written_checkpoint_layout(ckpts, method):
 def test_compressed_tensors_decompresses_our_file_to_codes_times_scales(ckpts, loaded):
     """compressed-tensors' own decompressor (if installed) on the int4 file gives codes * scale, the matrix our
     QuantizedWeight.dequantize() gives: one fp32 product of the same operands per element on both sides."""
-    pytest.importorskip("compressed_tensors")
+    need("compressed_tensors")
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationConfig
 
@@ -231,7 +232,7 @@ def test_eager_pipeline_from_the_file_equals_quantizing_at_load(ckpts, monkeypat
 def test_vllm_engine_loading_the_file_equals_eager_quantizing_at_load(ckpts, loaded):
     """The engine loads the int4 file itself (client without a talker: the talker-worker path, the choice travelling
     as Quantization.key()); its greedy codes equal eager's on the source quantized at load."""
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.requests import UserRequest, build_request
     from omnilab.sampling import SamplingParams
     from omnilab.stages.eager import EagerTalkerStage, run_to_completion

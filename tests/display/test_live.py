@@ -10,9 +10,11 @@ import wave
 import numpy as np
 import pytest
 
-pytest.importorskip("anywidget")
-pytest.importorskip("IPython")
-matplotlib = pytest.importorskip("matplotlib")
+from _deps import need  # noqa: E402
+
+need("anywidget")
+need("IPython")
+matplotlib = need("matplotlib")
 matplotlib.use("Agg")
 
 from omnilab import display as D  # noqa: E402

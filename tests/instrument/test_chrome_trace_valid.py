@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
 from omnilab.instrument.hooks import Hooks, TimingHook
@@ -234,7 +236,7 @@ def test_eager_exports_load_whole(tiny_pipe, tmp_path):
 
 
 def _vllm_pipe(tiny_ckpt, deploy):
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="vllm", dtype="float32", deploy=deploy)
@@ -291,7 +293,7 @@ def test_trace_meta_names_the_run(run_result, tiny_pipe, tmp_path):
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_tables_round_trip_with_metadata(run_trace, tmp_path, fmt):
     if fmt == "parquet":
-        pytest.importorskip("pyarrow")
+        need("pyarrow")
     paths = getattr(run_trace, f"to_{fmt}")(tmp_path)
     assert paths[0].name == f"trace_spans.{fmt}"
     for p in paths:

@@ -167,9 +167,17 @@ def test_a_request_shorter_than_the_sampling_period_still_gets_its_thread_rows(t
         with hook:
             r2 = tiny_pipe.generate("Two.", **KW)
     client = tiny_pipe.processes()[os.getpid()]
+    ncpu = len(os.sched_getaffinity(0))
     for res in (r, r2):
         rows = [x for x in res.trace.thread_samples if x["role"] == client]
-        assert rows and sum(x["cpu_ms"] for x in rows) > 0, res.trace
+        [req] = [sp for sp in res.trace.spans if sp.name == "request"]
+        for x in rows:  # the closing sample spans the request, and no thread ran longer than it
+            assert x["t_s"] >= req.end_s - 1e-3 and x["t_s"] - x["interval_ms"] / 1e3 <= req.start_s + 1e-3, x
+            assert 0 <= x["cpu_ms"] <= x["interval_ms"] + 1.0, x
+        assert sum(x["cpu_ms"] for x in rows) <= ncpu * max(x["interval_ms"] for x in rows) + 1.0
+        # the owner thread computed the frames: its CPU time is a real share of the request, not a rounding
+        owner = [x for x in rows if x["thread"] == "omnilab-owner"]
+        assert owner and sum(x["cpu_ms"] for x in owner) >= 1.0, rows
 
 
 class _FakeBar:

@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from _deps import need  # noqa: E402
+
 from omnilab.instrument.hooks import Hooks, ThreadUsageHook, TimingHook
 from omnilab.instrument.recorder import Recorder
 from omnilab.instrument.tables import read_table
@@ -204,7 +206,7 @@ def test_csv_and_dict_round_trip(sampled_trace, tmp_path):
 
 
 def test_parquet_export(sampled_trace, tmp_path):
-    pytest.importorskip("pyarrow")
+    need("pyarrow")
     paths = sampled_trace.to_parquet(tmp_path)
     assert len(pd.read_parquet(paths[0])) == len(sampled_trace.spans)  # plain pandas reads it as is
 

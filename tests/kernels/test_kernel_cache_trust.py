@@ -19,12 +19,13 @@ from omnilab.kernels.build import build_library, find_compiler, library_path, se
 from omnilab.kernels.trust import KernelTrustError, digest_path, open_library, record_digest, untrusted_reason
 from omnilab.paths import private_dir
 
+from _deps import missing  # noqa: E402
 from _kernel_common import skip_without_isa  # noqa: E402
 
 skip_without_isa()
 CXX = find_compiler()
 if CXX is None:
-    pytest.skip("no C++ compiler: the kernels are not built here", allow_module_level=True)
+    missing("no C++ compiler: the kernels are not built here", "apt-get install g++")
 ISA = select_isa(cpu_flags())[0]
 
 PLANTED = r"""

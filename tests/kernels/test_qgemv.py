@@ -68,10 +68,22 @@ def _assert_within(got, x, qw, bias, activations):
     assert bool(((got - ref).abs() <= bound + 4 * U * ref.abs()).all()), float(((got - ref).abs() - bound).max())
 
 
+ROWS = [1, 2, 3, 4, 7, 8, 16]
+SHAPES = [(1024, 1024, False), (37, 384, True), (3, 128, False), (2050, 256, True)]
+
+
+def _grid():
+    """weights x rows x shapes: the fast tier keeps a quarter, in which every value of each axis meets every value
+    of each other axis ((i + j + l) % 4 == 0 over their indices); ``--all`` runs the whole grid."""
+    for i, (method, gs) in enumerate(WEIGHTS):
+        for j, rows in enumerate(ROWS):
+            for l, (n, k, bias) in enumerate(SHAPES):
+                marks = () if (i + j + l) % 4 == 0 else (pytest.mark.slow,)
+                yield pytest.param(method, gs, rows, n, k, bias, marks=marks, id=f"{method}-{gs}-r{rows}-{n}x{k}")
+
+
 @pytest.mark.parametrize("activations", qgemv.ACTIVATIONS)
-@pytest.mark.parametrize("method,gs", WEIGHTS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 16])
-@pytest.mark.parametrize("n,k,bias", [(1024, 1024, False), (37, 384, True), (3, 128, False), (2050, 256, True)])
+@pytest.mark.parametrize("method,gs,rows,n,k,bias", list(_grid()))
 def test_kernel_against_references(lib, activations, method, gs, rows, n, k, bias):
     """Every build this CPU runs, each row count of the kernel, tails in N (37, 3, 2050 = 128 blocks + 2)."""
     x, qw, b = _data(rows, n, k, method, gs, bias)

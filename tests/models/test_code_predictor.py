@@ -1,4 +1,6 @@
 """Code predictor: KV-cached generate == no-cache recomputation; batching; projection; seeded sampling."""
+import time
+
 import pytest
 import torch
 
@@ -79,12 +81,27 @@ def test_sampling_uses_per_row_generators():
     assert torch.equal(mixed[0], cp.generate(h[:1], c0e[:1], GREEDY)[0])
 
 
-def test_timings_are_reported():
+def test_sampling_time_is_added_to_the_callers_timings(monkeypatch):
+    """``sampling_ms`` adds the time spent choosing the 15 codes (not the decoder passes) to what the caller's dict
+    holds: each sampling call made 2 ms slower adds at least 15 x 2 ms, and the sum stays within the call's wall."""
+    import omnilab.models.code_predictor as cp_mod
+
+    inner, calls = cp_mod.sample_rows, []
+
+    def slow_sampling(*a, **k):
+        calls.append(1)
+        time.sleep(0.002)
+        return inner(*a, **k)
+
+    monkeypatch.setattr(cp_mod, "sample_rows", slow_sampling)
     _, t = make()
     h, c0e = inputs(t, 1)
-    timings = {}
+    timings = {"sampling_ms": 5.0}  # an earlier frame's figure: added to, not replaced
+    t0 = time.perf_counter()
     t.code_predictor.generate(h, c0e, SAMPLE, [torch.Generator().manual_seed(0)], timings)
-    assert timings["sampling_ms"] > 0
+    wall_ms = 1e3 * (time.perf_counter() - t0)
+    assert len(calls) == 15
+    assert 15 * 2.0 <= timings["sampling_ms"] - 5.0 <= wall_ms
 
 
 def test_batched_rows_use_the_gemv_kernel_and_do_not_depend_on_batch_mates(monkeypatch):

@@ -3,6 +3,8 @@ engines (eager and the vLLM runner) really run it."""
 from __future__ import annotations
 
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
 from omnilab.models import frame, tiny
@@ -134,7 +136,7 @@ def test_eager_engine_runs_the_frame_recurrence(loaded, counted):
 
 @pytest.mark.vllm
 def test_vllm_runner_runs_the_frame_recurrence(loaded, counted):
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.stages.eager import EagerTalkerStage
     from omnilab.stages.vllm.engine import VllmStageConfig, VllmTalkerStage
 

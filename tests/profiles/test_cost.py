@@ -44,11 +44,22 @@ def test_bytes_follow_the_stored_weights_not_the_compute_dtype():
 
 
 def test_the_planner_uses_the_path_timing_bandwidth():
+    """200 MB read in 10 ms at one row is 20.0 GB/s: the plan's talker estimate is the cost model's at that figure
+    (and the reason quotes it); without a timing the plan falls back to the ISA prior."""
+    from omnilab.profiles.cost import bandwidth_from_times
+
+    h = hw("vm2_avx2")
     times = PathTimes({"fp32-kernel": {1: 10.0, 4: 12.0}}, {"fp32": 5.0}, 200_000_000, 64, 2)
-    p = plan(hw("vm2_avx2"), env={}, path_times=times)
-    assert "path timing, GEMV kernel from DRAM: 20.0 GB/s at 2 thread(s)" in p.talker_threads.reason
-    q = plan(hw("vm2_avx2"), env={})
-    assert "x86 AVX2 prior" in q.talker_threads.reason
+    bw = bandwidth_from_times(times)
+    assert (bw.gbps, bw.threads) == (pytest.approx(20.0), 2)
+    p = plan(h, env={}, path_times=times)
+    timed = CostModel.build(ModelGeometry.released(), h, p.dtype.value, bandwidth=bw)
+    assert p.estimate.talker_ms_per_frame == pytest.approx(timed.talker_ms(p.threads("talker")), rel=1e-6)
+    assert "GEMV kernel from DRAM: 20.0 GB/s at 2 thread(s)" in p.talker_threads.reason
+    q = plan(h, env={})
+    prior = CostModel.build(ModelGeometry.released(), h, q.dtype.value)
+    assert q.estimate.talker_ms_per_frame == pytest.approx(prior.talker_ms(q.threads("talker")), rel=1e-6)
+    assert q.estimate.talker_ms_per_frame != pytest.approx(p.estimate.talker_ms_per_frame, rel=0.01)
 
 
 def test_code2wav_estimate_uses_code2wavs_own_dtype_rule():

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
 from omnilab.errors import ConfigError, InputError
@@ -127,7 +129,7 @@ def test_empty_texts_and_mismatched_models_are_refused(tiny_pipe, load_pipe):
 def test_a_vllm_reference_is_teacher_forced_through_its_client_modules(tiny_ckpt, tiny_pipe):
     """In-process vLLM runs the client's own Talker object, so forcing it equals forcing the eager load; its greedy
     codes equal eager's (tests/stages/test_vllm_talker.py), so the replay agreement is 1.0 as well."""
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.pipeline import Pipeline
 
     with Pipeline.from_pretrained(tiny_ckpt("custom_voice"), backend="vllm", deploy_profile=None, dtype="float32",

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from _deps import need  # noqa: E402
+
 from omnilab.errors import ConfigError
 
 _COMMON = """
@@ -58,7 +60,7 @@ def test_release_pauses_torchs_libgomp_not_a_vendored_copy():
     torch's pools; picking the first libgomp in /proc/self/maps did that in a vLLM in-process pipeline
     (docs/reliability.md). The map order follows load addresses, so the case puts the vendored copy first on
     purpose: the release must still free the worker of torch's pool."""
-    pytest.importorskip("sentencepiece")
+    need("sentencepiece")
     r = _run("""
 import sentencepiece  # loads its vendored libgomp copy (if the wheel has one)
 from omnilab.stages import omp_pool

@@ -7,6 +7,8 @@ test_vllm_talker.py, tests/test_pipeline.py and tests/checkpoint."""
 from __future__ import annotations
 
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
 from omnilab.checkpoint.load import load_model
@@ -103,7 +105,7 @@ def test_row_codes_do_not_depend_on_batch_mates_int4(tiny_ckpt):
 def test_vllm_greedy_codes_equal_eager(tiny_ckpt, method):
     """One in-process engine per method: int8 shares the client's quantized talker; int4 has the engine load its
     own (the worker path: the choice travels in the view config and the strict loader quantizes it again)."""
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.stages.vllm.engine import VllmStageConfig, VllmTalkerStage
 
     path = tiny_ckpt("custom_voice")

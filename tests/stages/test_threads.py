@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from _deps import need  # noqa: E402
+
 from omnilab.errors import InputError, WorkerError
 from omnilab.pipeline import Pipeline
 from omnilab.stages.base import FrameOutput
@@ -80,7 +82,7 @@ def _build(kind: str, ckpt) -> Pipeline:
         pipe = Pipeline.from_pretrained(ckpt, backend="eager", dtype="float32", deploy_profile=None)
         pipe._talker.engine.batched = False  # rows one by one: a stream's codes do not depend on its batch mates
         return pipe
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.stages.vllm.deploy import VllmDeploy
     from omnilab.stages.vllm.engine import VllmStageConfig
 
@@ -174,10 +176,10 @@ def test_interleaved_streams_get_their_own_frames(pipe):
     _live_nothing(pipe)
 
 
+# Codes equal solo by construction only with rows decoded one by one (eager, batched=False); the vLLM placements
+# are covered by the interleaved test above.
+@pytest.mark.parametrize("pipe", ["eager"], indirect=True)
 def test_eight_threads_each_iterate_their_own_stream(pipe, solo):
-    if pipe.kind != "eager":
-        pytest.skip("codes equal solo by construction only with rows decoded one by one (eager batched=False); "
-                    "the vLLM placements are covered by the interleaved test above")
     got = _in_threads([lambda t=t: list(pipe.stream(t, max_new_tokens=N, **GREEDY)) for t in TEXTS])
     for i, (cs, ref) in enumerate(zip(got, solo)):
         assert cs[-1].is_last
@@ -242,11 +244,10 @@ def test_a_stream_never_iterated_frees_its_request_when_dropped(pipe):
     _live_nothing(pipe)
 
 
+@pytest.mark.parametrize("pipe", ["eager"], indirect=True)  # placement-independent pipeline code: checked once
 def test_interrupted_caller_cancels_its_generate(pipe, solo):
     """A KeyboardInterrupt in the waiting thread (as Ctrl-C in a notebook) stops the call on the owner thread at
     its next talker step; its request is aborted and the pipeline answers the next call as before."""
-    if pipe.kind != "eager":
-        pytest.skip("the cancel path is placement-independent (pipeline code); checked once")
     steps = []
     inner = pipe._step
     pipe._step = lambda *a, **k: (steps.append(1), time.sleep(0.05), inner(*a, **k))[2]

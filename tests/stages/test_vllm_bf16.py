@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm")
+from _deps import need  # noqa: E402
+
+need("vllm")
 
 from omnilab.pipeline import Pipeline  # noqa: E402
 from omnilab.quality import compare  # noqa: E402

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
+
+from _deps import need  # noqa: E402
 from conftest import clear_override_env
 import torch
 
@@ -171,7 +173,7 @@ def test_an_engine_config_that_disagrees_with_its_process_env_is_refused():
 
 @pytest.mark.vllm
 def test_padded_head_sizes_are_the_installed_vllm_cpu_attentions():
-    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    cpu_attn = need("vllm.v1.attention.backends.cpu_attn")
     from omnilab.profiles.cost import SUPPORTED_HEAD_SIZES
     assert tuple(cpu_attn.CPUAttentionBackend.get_supported_head_sizes()) == SUPPORTED_HEAD_SIZES
 
@@ -203,7 +205,7 @@ def _kv_blocks(pipe, kv_bytes: int) -> tuple[int, int]:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_inprocess_engine_follows_kvcache_space_and_omni_inductor(tiny_ckpt, monkeypatch):
-    pytest.importorskip("vllm")
+    need("vllm")
     import torch
 
     from omnilab.pipeline import Pipeline
@@ -229,7 +231,7 @@ def test_inprocess_engine_follows_kvcache_space_and_omni_inductor(tiny_ckpt, mon
 @pytest.mark.slow
 def test_worker_engine_follows_threads_bind_and_kvcache_space(tiny_ckpt, monkeypatch):
     """Under deploy="workers", the talker worker's threads run on the CPU VLLM_CPU_OMP_THREADS_BIND names."""
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.pipeline import Pipeline
     from omnilab.profiles.readback import read_process
 
@@ -259,7 +261,7 @@ def test_worker_engine_follows_threads_bind_and_kvcache_space(tiny_ckpt, monkeyp
 def test_worker_engine_follows_the_reserved_cpu_count(tiny_ckpt, monkeypatch):
     """VLLM_CPU_NUM_OF_RESERVED_CPU=1 on the running engine: the plan reserves the last core as vLLM's auto binding
     does, the talker worker's threads run on the other CPU only, and the worker process sees the variable."""
-    pytest.importorskip("vllm")
+    need("vllm")
     from omnilab.pipeline import Pipeline
     from omnilab.profiles.readback import process_environ, read_process
 

@@ -16,6 +16,8 @@ import weakref
 
 import pytest
 
+from _deps import need  # noqa: E402
+
 from omnilab.stages.vllm.imports import drop_import_tracebacks
 
 
@@ -51,7 +53,7 @@ def test_an_exception_kept_by_a_module_no_longer_pins_the_importing_frames():
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_closed_in_process_vllm_pipeline_is_freed(tiny_ckpt):
-    pytest.importorskip("vllm")
+    need("vllm")
     script = textwrap.dedent(f"""
         import gc, sys, weakref
         from omnilab.pipeline import Pipeline

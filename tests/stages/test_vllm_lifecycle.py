@@ -14,9 +14,11 @@ import time
 
 import numpy as np
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
-pytest.importorskip("vllm")
+need("vllm")
 
 from omnilab.errors import InputError, WorkerError  # noqa: E402
 from omnilab.checkpoint.load import load_model  # noqa: E402

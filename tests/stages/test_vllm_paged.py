@@ -5,9 +5,11 @@ turns it off with the same codes, and concurrent rows equal solo ones."""
 from __future__ import annotations
 
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
-pytest.importorskip("vllm")
+need("vllm")
 
 from vllm import _custom_ops as ops  # noqa: E402
 

@@ -7,10 +7,12 @@ import os
 
 import numpy as np
 import pytest
+
+from _deps import need  # noqa: E402
 from conftest import clear_override_env
 import torch
 
-pytest.importorskip("vllm")
+need("vllm")
 
 from omnilab.profiles.readback import compare_process, process_environ, read_process  # noqa: E402
 

@@ -8,9 +8,11 @@ import math
 
 import numpy as np
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
-pytest.importorskip("vllm")
+need("vllm")
 
 from omnilab.stages.eager import run_to_completion  # noqa: E402
 from omnilab.errors import InputError, UnsupportedError  # noqa: E402
@@ -157,9 +159,8 @@ def test_unsupported_options_say_so(engines):
 
 
 @pytest.fixture(scope="module")
-def mid_ckpt(tmp_path_factory):
-    from omnilab.checkpoint.random import make_random_checkpoint
-    return make_random_checkpoint(tmp_path_factory.mktemp("mid-cv"), size="mid", variant="custom_voice", seed=0)
+def mid_ckpt(random_ckpt):
+    return random_ckpt("mid", "custom_voice", 0)
 
 
 CONCURRENT_TEXTS = ["Hi.", "Hello world, this is a somewhat longer test sentence.", "Short one here.",

@@ -18,7 +18,6 @@ import os
 import signal
 import time
 
-import numpy as np
 import psutil
 import pytest
 import torch
@@ -133,16 +132,8 @@ def test_profile_runs_two_ranks_on_one_node_with_a_warning(monkeypatch, tmp_path
 
 # ---------------------------------------------------------------- the engine: two ranks, one core each
 @pytest.fixture(scope="module")
-def mid_ckpt(tmp_path_factory):
-    from omnilab.checkpoint.random import make_random_checkpoint
-    made = {}
-
-    def get(variant):
-        if variant not in made:
-            made[variant] = make_random_checkpoint(tmp_path_factory.mktemp(f"mid-{variant}"), size="mid",
-                                                   variant=variant, seed=1, overwrite=True)
-        return made[variant]
-    return get
+def mid_ckpt(random_ckpt):
+    return lambda variant: random_ckpt("mid", variant, 1)
 
 
 def _tp_stage(model, **kw):

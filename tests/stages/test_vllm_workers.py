@@ -13,9 +13,11 @@ import time
 import numpy as np
 import psutil
 import pytest
+
+from _deps import need  # noqa: E402
 import torch
 
-pytest.importorskip("vllm")
+need("vllm")
 
 from omnilab.errors import WorkerError  # noqa: E402
 from omnilab.checkpoint.load import load_model  # noqa: E402
