@@ -4,13 +4,19 @@ that reads it.
 ``omnilab settings [--json]`` prints each with its value here and the value's source; docs/settings.md is
 :func:`markdown` (a test keeps the two equal). The deploy-profile variables are the fields of
 ``omnilab.profiles.overrides.FIELDS`` (their one declaration), listed here with the layer's precedence:
-``OMNILAB_*`` variables > vLLM's CPU variables > arguments > preset/file > auto. Stdlib only.
+``OMNILAB_*`` variables > vLLM's CPU variables > arguments > preset/file > auto. Every module reads its variables
+through :func:`raw` / :func:`flag` (an undeclared name is an error; tests/test_settings.py fails on a direct read of
+the environment). Stdlib only.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Mapping
+
+from omnilab.errors import ConfigError
 
 KERNEL = "auto | omnilab | omnilab-avx512 | omnilab-avx2 | torch"
 FLAG = "1 | true | yes | on, or 0 | false | no | off"
@@ -126,7 +132,48 @@ def settings() -> tuple[Setting, ...]:
 
 
 def declared() -> set[str]:
-    return {s.name for s in settings()}
+    return set(_names())
+
+
+_OWN_NAMES = frozenset(s.name for s in _OWN)
+
+
+@lru_cache(maxsize=None)
+def _names() -> frozenset[str]:
+    return frozenset(s.name for s in settings())
+
+
+def raw(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The value of the declared variable ``name`` in ``env`` (default ``os.environ``), None when unset: every
+    module reads its ``OMNILAB_*`` variables through here, so a name missing from the registry fails at once."""
+    if name not in _OWN_NAMES and name not in _names():  # _OWN first: the profile fields import their module
+        near = difflib.get_close_matches(name, sorted(_names()), n=3)
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise ConfigError(f"{name!r} is not a declared setting{hint}"
+                          "; accepted: a name declared in omnilab/settings.py (`omnilab settings` lists them)")
+    return (os.environ if env is None else env).get(name)
+
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def flag(name: str, env: Mapping[str, str] | None = None) -> bool | None:
+    """``name`` read as a boolean: None when unset or blank, True / False for :data:`TRUE_WORDS` /
+    :data:`FALSE_WORDS` (any case); another value is a ``ConfigError`` naming it and the accepted words."""
+    return parse_flag(name, raw(name, env))
+
+
+def parse_flag(name: str, given: str | None) -> bool | None:
+    """The flag words of :func:`flag` for a value already read (``name`` only names it in the error)."""
+    if given is None or not given.strip():
+        return None
+    v = given.strip().lower()
+    if v in TRUE_WORDS:
+        return True
+    if v in FALSE_WORDS:
+        return False
+    raise ConfigError(f"{name}={given!r}: accepted values are {' / '.join(TRUE_WORDS)} and {' / '.join(FALSE_WORDS)}")
 
 
 def current(env: Mapping[str, str] | None = None) -> list[dict]:
@@ -159,3 +206,26 @@ def markdown() -> str:
         parts += [f"| `{s.name}` | {s.default} | {s.accepted.replace('|', '&#124;')} | {s.means} | `{s.layer}` |\n"
                   for s in groups.get(title, [])]
     return "".join(parts)
+
+
+DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def dtype_name(value: object, where: str) -> str:
+    """A compute dtype's spelling (``fp32``, ``torch.bfloat16``, ...) -> ``float32`` | ``bfloat16``; anything else
+    a ``ConfigError`` naming ``where`` and the accepted ones (float16 with why it is refused on CPU)."""
+    s = str(value).strip().lower().replace("torch.", "")
+    if s in ("float16", "fp16", "half"):
+        raise ConfigError(f"{where}={value!r}: float16 is not supported on CPU (unstable in torch CPU kernels and it "
+                          f"gives NaN logits in the code predictor); use bfloat16 or float32")
+    if s not in DTYPE_ALIASES:
+        raise ConfigError(f"{where}={value!r}: accepted dtypes are float32 (fp32) and bfloat16 (bf16)")
+    return DTYPE_ALIASES[s]
+
+
+def env_dtype(env: Mapping[str, str] | None = None) -> str | None:
+    """``OMNILAB_DTYPE`` as the pipeline's compute dtype, ``float32`` or ``bfloat16``; None when unset, blank or
+    ``auto``. The one reading of it (the loader, code2wav's dtype and its timing, the planner's field parser), so
+    they all agree on what a value means."""
+    given = (raw("OMNILAB_DTYPE", env) or "").strip()
+    return None if given.lower() in ("", "auto") else dtype_name(given, "OMNILAB_DTYPE")

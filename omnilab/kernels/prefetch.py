@@ -15,12 +15,12 @@ kernel is resolved (at model load), under ``OMNILAB_PLAN_TIMING`` (``off``: the 
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_QGEMV_PREFETCH"
@@ -130,9 +130,10 @@ def resolve(lib, threads: int | None = None) -> Prefetch:
     """The distances for this process (env, cache, timing or prior), set in ``lib`` (a loaded qgemv library)."""
     from omnilab.kernels.timing_key import timing_mode
 
-    fixed = parse(os.environ.get(ENV, ""))
+    given = settings.raw(ENV) or ""
+    fixed = parse(given)
     if fixed is not None:
-        p = Prefetch(fixed, f"{ENV}={os.environ[ENV].strip()}", "env")
+        p = Prefetch(fixed, f"{ENV}={given.strip()}", "env")
     elif timing_mode() == "off":
         p = Prefetch(PRIOR, "the prior (measured on Zen 4): OMNILAB_PLAN_TIMING=off", "prior")
     else:

@@ -29,13 +29,13 @@ fallback computes the same result up to fp32 rounding (``fp32``: dequantize + ``
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from omnilab import settings
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 from omnilab.kernels.quant import ROWS, QuantizedWeight, int8_act_reference
 from omnilab.kernels.trust import open_library, symbol
@@ -108,7 +108,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     flags = frozenset(flags)
     note = ""
     if _no_vnni(flags):  # the avx512 build uses vpdpbusd: such a CPU runs the avx2 build
-        raw = (os.environ.get(ENV, "") if env is None else env).strip().lower()
+        raw = ((settings.raw(ENV) or "") if env is None else env).strip().lower()
         if raw == "omnilab-avx512":
             raise RuntimeError(f"{ENV}=omnilab-avx512 needs a CPU with avx512f and avx512_vnni (vpdpbusd); this "
                                "one has avx512f without avx512_vnni: use omnilab-avx2 or auto")

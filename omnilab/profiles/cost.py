@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
@@ -216,10 +217,8 @@ def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None, times=None) -> 
     """What code2wav will compute in under the profile's dtype (``asked``: the dtype field when set, else ""), by
     the rule ``kernels.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
     ``times``: this machine's code2wav timing, ``kernels.code2wav_timing``; None: the ISA prior)."""
-    import os
-
     from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
-    raw = ((os.environ if env is None else env).get(CODE2WAV_ENV, "") or "auto").strip().lower()
+    raw = (settings.raw(CODE2WAV_ENV, env) or "auto").strip().lower()
     if raw not in ("auto", "float32", "bfloat16"):
         raw = "auto"  # code2wav's own choice names the bad value when the pipeline starts
     return code2wav_dtype_rule(raw, frozenset(hw.flags), hw.arch, asked, times)[0]

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, parse_cpulist
 from omnilab.profiles.resolved import Resolved
-
-DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
-                 "bfloat16": "bfloat16", "bf16": "bfloat16"}
+from omnilab.settings import dtype_name as _dtype
 
 
 def _pos_int(v: Any, where: str) -> int:
@@ -97,16 +96,6 @@ def _mode(v: Any, where: str) -> str:
         raise ConfigError(f"{where}={v!r}: accepted values are 'split' (each stage on its own cores) and "
                           f"'shared' (code2wav runs one thread on a talker core)")
     return s
-
-
-def _dtype(v: Any, where: str) -> str:
-    s = str(v).strip().lower().replace("torch.", "")
-    if s in ("float16", "fp16", "half"):
-        raise ConfigError(f"{where}={v!r}: float16 is not supported on CPU (unstable in torch CPU kernels and it "
-                          f"gives NaN logits in the code predictor); use bfloat16 or float32")
-    if s not in DTYPE_ALIASES:
-        raise ConfigError(f"{where}={v!r}: accepted dtypes are float32 (fp32) and bfloat16 (bf16)")
-    return DTYPE_ALIASES[s]
 
 
 def _gib(v: Any, where: str) -> int:
@@ -258,7 +247,7 @@ class Overrides:
         return out
 
     def _env_value(self, var: str, parse: Callable[[Any, str], Any], label: str) -> tuple[Any, str] | None:
-        raw = self.env.get(var)
+        raw = settings.raw(var, self.env) if var.startswith("OMNILAB_") else self.env.get(var)
         if raw is None or str(raw).strip() == "":
             return None
         return parse(raw, var), f"{label} {var}"
@@ -272,7 +261,7 @@ class Overrides:
             ours = self._env_value(var, parse, "env")
             theirs = self._env_value(*VLLM_FIELDS[name][:2], "env (vLLM)") if name in VLLM_FIELDS else None
             if ours and theirs and not _agree(name, ours[0], theirs[0]):
-                raise ConfigError(f"{var}={self.env[var]!r} and {VLLM_FIELDS[name][0]}="
+                raise ConfigError(f"{var}={settings.raw(var, self.env)!r} and {VLLM_FIELDS[name][0]}="
                                   f"{self.env[VLLM_FIELDS[name][0]]!r} both set {name} and disagree; unset one "
                                   f"(omnilab would apply one and vLLM might read the other)")
             found = (*ours, 0) if ours else (*theirs, 1) if theirs else None
@@ -291,7 +280,8 @@ class Overrides:
     def env_set(self) -> bool:
         """Whether any OMNILAB_* or vLLM CPU variable of this layer is set (non-empty)."""
         names = [v for v, _, _ in FIELDS.values()] + [v for v, _, _ in VLLM_FIELDS.values()]
-        return any(str(self.env.get(n, "")).strip() for n in names)
+        return any(str((settings.raw(n, self.env) if n.startswith("OMNILAB_") else self.env.get(n)) or "").strip()
+                   for n in names)
 
 
 def vllm_reserved_cores(hw: HardwareInfo, n: int, src: str, bind: tuple[Any, str] | None, tp: int) -> Resolved:

@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_OMP_RELEASE"
@@ -43,9 +44,10 @@ _why = ""
 
 
 def mode() -> str:
-    raw = (os.environ.get(ENV, "auto") or "auto").strip().lower()
+    given = settings.raw(ENV)
+    raw = (given or "auto").strip().lower()
     if raw not in MODES:
-        raise ConfigError(f"{ENV}={os.environ.get(ENV)!r}; accepted: {', '.join(MODES)}")
+        raise ConfigError(f"{ENV}={given!r}; accepted: {', '.join(MODES)}")
     return raw
 
 
