@@ -2,11 +2,11 @@
 that reads it.
 
 ``omnilab settings [--json]`` prints each with its value here and the value's source; docs/settings.md is
-:func:`markdown` (a test keeps the two equal). The deploy-profile variables are the fields of
-``omnilab.profiles.overrides.FIELDS`` (their one declaration), listed here with the layer's precedence:
-``OMNILAB_*`` variables > vLLM's CPU variables > arguments > preset/file > auto. Every module reads its variables
-through :func:`raw` / :func:`flag` (an undeclared name is an error; tests/test_settings.py fails on a direct read of
-the environment). Stdlib only.
+:func:`markdown` (a test keeps the two equal). The deploy-profile variables are :data:`PROFILE_FIELDS` (their
+parsers: ``omnilab.profiles.overrides.FIELDS``), with the layer's precedence: ``OMNILAB_*`` variables > vLLM's CPU
+variables > arguments > preset/file > auto. Every module reads its variables through :func:`raw` / :func:`flag`
+(an undeclared name is an error; tests/test_settings.py fails on a direct read of the environment). A leaf every
+layer may import: stdlib and ``omnilab.errors`` only.
 """
 from __future__ import annotations
 
@@ -115,12 +115,38 @@ _OWN = (
             "notebooks/06_scale_out.py"),
 )
 
+# the deploy profile's fields: field -> (environment variable, accepted values in words); the parsers live in
+# omnilab/profiles/overrides.py (FIELDS)
+PROFILE_FIELDS: dict[str, tuple[str, str]] = {
+    "mode": ("OMNILAB_STAGE_MODE", "split | shared"),
+    "talker_tp_size": ("OMNILAB_TALKER_TP", "tensor-parallel ranks for the talker, one per NUMA node"),
+    "talker_threads": ("OMNILAB_TALKER_THREADS", "OpenMP threads per talker rank"),
+    "talker_cpus": ("OMNILAB_TALKER_CPUS", "talker CPU list(s), '|' between ranks: '0-13|28-41'; auto | nobind"),
+    "code2wav_threads": ("OMNILAB_CODE2WAV_THREADS", "code2wav OpenMP threads"),
+    "code2wav_cpus": ("OMNILAB_CODE2WAV_CPUS", "code2wav CPU list: '14-15'"),
+    "reserved_cpus": ("OMNILAB_RESERVED_CPUS", "CPUs kept free for the front-end: '0' or 'none'"),
+    "dtype": ("OMNILAB_DTYPE", "float32 | bfloat16"),
+    "quantization": ("OMNILAB_QUANTIZATION",
+                     "decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | int4-g128"),
+    "max_num_seqs": ("OMNILAB_MAX_NUM_SEQS", "concurrent talker sequences"),
+    "max_model_len": ("OMNILAB_MAX_MODEL_LEN", "talker context length (tokens)"),
+    "kv_cache_bytes": ("OMNILAB_KV_CACHE_GIB", "talker KV cache budget in GiB (float)"),
+    "first_chunk_frames": ("OMNILAB_FIRST_CHUNK_FRAMES", "frames in the first code2wav chunk"),
+    "chunk_ramp_frames": ("OMNILAB_CHUNK_RAMP", "chunk sizes after the first: '4,8,16' or 'none'"),
+    "steady_chunk_frames": ("OMNILAB_CHUNK_FRAMES", "steady-state chunk size (frames)"),
+    "preload": ("OMNILAB_PRELOAD", "LD_PRELOAD for workers, ':'-separated, or 'none'"),
+}
+
+# variables that no longer set anything: setting one is an error, not a silent no-op
+REMOVED_VARIABLES = {
+    "OMNILAB_LEFT_CONTEXT_FRAMES": "omnilab's code2wav carries its exact decoder state from chunk to chunk, so no "
+                                   "left context is recomputed (streaming equals offline)",
+}
+
 
 def _profile_settings() -> tuple[Setting, ...]:
-    from omnilab.profiles.overrides import FIELDS, REMOVED_VARIABLES
-
     out = [Setting(var, "profile field", "auto (the planner)", text, f"the deploy profile's {field}",
-                   "omnilab/profiles/overrides.py") for field, (var, _, text) in FIELDS.items()]
+                   "omnilab/profiles/overrides.py") for field, (var, text) in PROFILE_FIELDS.items()]
     out += [Setting(var, "removed", "unset", "unset", f"no longer used: {why}", "omnilab/profiles/overrides.py")
             for var, why in REMOVED_VARIABLES.items()]
     return tuple(out)
@@ -135,9 +161,6 @@ def declared() -> set[str]:
     return set(_names())
 
 
-_OWN_NAMES = frozenset(s.name for s in _OWN)
-
-
 @lru_cache(maxsize=None)
 def _names() -> frozenset[str]:
     return frozenset(s.name for s in settings())
@@ -146,7 +169,7 @@ def _names() -> frozenset[str]:
 def raw(name: str, env: Mapping[str, str] | None = None) -> str | None:
     """The value of the declared variable ``name`` in ``env`` (default ``os.environ``), None when unset: every
     module reads its ``OMNILAB_*`` variables through here, so a name missing from the registry fails at once."""
-    if name not in _OWN_NAMES and name not in _names():  # _OWN first: the profile fields import their module
+    if name not in _names():
         near = difflib.get_close_matches(name, sorted(_names()), n=3)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
         raise ConfigError(f"{name!r} is not a declared setting{hint}"
