@@ -97,30 +97,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                       min(MAX_ROWS, lib.max_rows)), lib
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def gemv_choice() -> GemvChoice:
-    """The process's GEMV choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_GEMV`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_gemv(mode: str):
-    """Within the block (``with use_gemv(mode):``), this process's :func:`linear` uses ``mode`` (one of
-    :data:`MODES`), e.g. to time ``"torch"`` against ``"omnilab"`` on one loaded model. Not for worker
-    processes (set the environment variable before they start) and not thread-safe against concurrent model
-    calls."""
-    return _SLOT.use(mode)
-
-
-def loaded_library() -> _Lib | None:
-    """The kernel library of this process's choice, or ``None`` when it is torch."""
-    return _SLOT.loaded()
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+gemv_choice, reset, use_gemv, loaded_library = _SLOT.get, _SLOT.reset, _SLOT.use, _SLOT.loaded
 
 
 def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

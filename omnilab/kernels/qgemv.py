@@ -127,28 +127,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source, prefetch=pf.distances), lib
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def qgemv_choice() -> QgemvChoice:
-    """The process's quantized-GEMV choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_QGEMV`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_qgemv(mode: str):
-    """Within the block (``with use_qgemv(mode):``) this process's :func:`qlinear` uses ``mode`` (one of
-    :data:`MODES`). Not for worker processes and not thread-safe against concurrent model calls."""
-    return _SLOT.use(mode)
-
-
-def loaded_library() -> _Lib | None:
-    """The kernel library of this process's choice, or ``None`` when it is torch."""
-    return _SLOT.loaded()
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+qgemv_choice, reset, use_qgemv, loaded_library = _SLOT.get, _SLOT.reset, _SLOT.use, _SLOT.loaded
 
 
 def _check_activations(activations: str | None) -> str:
