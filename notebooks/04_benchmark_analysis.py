@@ -12,15 +12,14 @@
 # # 04 · Benchmark analysis
 #
 # `omnilab bench` writes one `<out>/<name>.json` (default `./omnilab-bench/`): a row per configuration (the printed
-# table), and per concurrency point and per request the stream-latency figures (`summary`, `requests`). This
-# notebook reads the committed ones (`data/bench`, from the earlier stream-latency `omnilab bench`): no model runs
-# here. Regenerate with e.g. `omnilab bench --size 0.6b --threads 2 --configs eager,vllm,vllm-workers
-# --concurrency 1,2 --requests 3 --frames 24 --sample --chunks profile` (see `data/README.md`).
+# table, `rows`), its figures per configuration (`points`), and per concurrency point and per request the
+# stream-latency figures (`summary`, `requests`). This notebook reads the committed ones (`data/bench`, listed with
+# their machine and command in `data/README.md`): no model runs here. Method and columns: `docs/benchmarks.md`.
 #
 # Columns (definitions in `omnilab.instrument.trace` / `omnilab.bench.drivers`): TTFA, playback-start latency and stall;
 # RTF = wall/audio and x-realtime = audio/wall; per-stage ms/frame; aggregate frames/s; peak RSS per
-# process; `floor_ms_per_frame` = the weights a talker step reads per frame, timed as pure GEMVs on the
-# machine; `floor_ratio` = achieved talker ms/frame ÷ floor (1 = at the memory-bandwidth floor).
+# process; a row's `floor_ms` = the weights a talker step reads per frame, timed as pure GEMVs on the machine next
+# to the row; `step_floor_ratio` = achieved step ÷ floor (1 = at the memory-bandwidth floor).
 
 # %%
 import json
@@ -50,9 +49,7 @@ for name, run in runs.items():
 # ## Machine and floor
 
 # %%
-def _floor_ms(r):  # earlier files: one floor in meta; today's: one per row (measured next to it)
-    if "floor_ms_per_frame" in r.meta:
-        return r.meta["floor_ms_per_frame"]
+def _floor_ms(r):  # one floor per row, measured next to it (none with --no-floor): their median
     fl = [row["floor_ms"] for row in r.rows if row.get("floor_ms")]
     return sorted(fl)[len(fl) // 2] if fl else float("nan")
 
@@ -93,9 +90,9 @@ for ax, (name, g) in zip(axes[0], summary[summary["backend"] != "reference"].gro
 fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=len(phases), fontsize="small");
 
 # %%
-cols = ["run", "backend", "concurrency", "talker_ms_per_frame", "floor_ms_per_frame", "floor_ratio",
-        "peak_rss_mb", "sampler_pct_of_step", "cpu_wait_pct"]
-summary[[c for c in cols if c in summary]].round(2)
+rows = pd.concat([pd.DataFrame(r.rows).assign(run=name) for name, r in runs.items()], ignore_index=True)
+cols = ["run", "config", "step_ms", "ttfa_ms", "rtf", "floor_ms", "step_floor_ratio", "effective_gbps", "wait_pct"]
+rows[[c for c in cols if c in rows]].round(2)
 
 # %% [markdown]
 # ## Per request

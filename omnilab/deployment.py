@@ -57,6 +57,7 @@ class Deployment:
     code2wav_conv: Any = None      # omnilab.kernels.code2wav_conv.Code2WavConv: its fp32 conv path (idem)
     quantization: Any = None       # QuantizationRow of the talker's decode matrices (idem; None: not resolved)
     paths: Any = None              # omnilab.kernels.timing.LinearPaths: bf16 decode rows, prefill GEMMs (idem)
+    kernels: tuple = ()            # omnilab.kernels.KernelRow of each kernel choice, the rows shown (idem)
     not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
 
     def quantization_request(self, method: Any, group_size: Any) -> tuple[Any, Any]:
@@ -76,20 +77,9 @@ class Deployment:
             out.append(("chunks (frames)", "/".join(map(str, (c.first_frames, *c.ramp, c.steady_frames)))))
         if self.num_threads is not None:
             out.append(("client torch threads", str(self.num_threads)))
-        if self.gemv is not None:
-            out.append(("decode linears", f"{self.gemv.label}: {self.gemv.reason}"))
-        if self.weights is not None:
-            out.append(("decode weights", f"{self.weights.label}: {self.weights.reason}"))
-        if self.paths is not None:
-            out.append(("linear paths", f"{self.paths.label}: {self.paths.reason}"))
-        if self.hugepages is not None:
-            out.append(("decode weight pages", f"{self.hugepages.label}: {self.hugepages.reason}"))
-        if self.snake is not None:
-            out.append(("code2wav activation", f"{self.snake.label}: {self.snake.reason}"))
+        out += [(k.title, f"{k.choice.label}: {k.choice.reason}") for k in self.kernels]  # kernels.kernel_choices
         if self.code2wav_dtype is not None:
             out.append(("code2wav dtype", f"{self.code2wav_dtype.label}: {self.code2wav_dtype.reason}"))
-        if self.code2wav_conv is not None:
-            out.append(("code2wav fp32 convs", f"{self.code2wav_conv.label}: {self.code2wav_conv.reason}"))
         if self.quantization is not None:
             out.append(("quantization", self.quantization.text()))
         out += [(f"not applied: {name}", why) for name, why in self.not_applied]

@@ -29,6 +29,7 @@ import tempfile
 import warnings
 from typing import Iterator
 
+from omnilab import settings
 from omnilab.errors import InputError
 
 ENV = "OMNILAB_LOG_LEVEL"
@@ -49,11 +50,12 @@ _handler: logging.Handler | None = None
 
 def verbosity() -> str:
     """The current level: ``OMNILAB_LOG_LEVEL`` (case-insensitive) or ``warning``."""
-    raw = os.environ.get(ENV, "").strip().lower()
+    given = settings.raw(ENV) or ""
+    raw = given.strip().lower()
     if not raw:
         return DEFAULT
     if raw not in LEVELS:
-        raise InputError(f"{ENV}={os.environ[ENV]!r}; accepted: {', '.join(LEVELS)}")
+        raise InputError(f"{ENV}={given!r}; accepted: {', '.join(LEVELS)}")
     return raw
 
 
@@ -170,8 +172,7 @@ def native_notices() -> Iterator[None]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``-v/--verbose`` (repeatable) on a command line: ``-v`` = info (vLLM's warnings back), ``-vv`` = debug."""
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help=f"show more: -v = info (omnilab's info, vLLM's warnings), -vv = debug; default: "
-                             f"{ENV} or 'warning' (omnilab's warnings, third-party errors only)")
+                        help=f"show more: -v info and vLLM's warnings, -vv debug (default: {ENV}, else warnings)")
 
 
 def apply_arguments(args: argparse.Namespace) -> str:

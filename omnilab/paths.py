@@ -15,6 +15,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 __all__ = ["cache_dir", "file_lock", "private_dir"]
@@ -24,7 +25,7 @@ PRIVATE_MODE = 0o700  # cache folders hold code (compiled kernels) and checkpoin
 
 def cache_dir() -> Path:
     """``$OMNILAB_CACHE`` or ``~/.cache/omnilab`` (created on demand by the callers that write)."""
-    return Path(os.environ.get("OMNILAB_CACHE") or Path.home() / ".cache" / "omnilab").expanduser()
+    return Path(settings.raw("OMNILAB_CACHE") or Path.home() / ".cache" / "omnilab").expanduser()
 
 
 def _unusable(path: Path, why: str) -> ConfigError:
@@ -35,7 +36,8 @@ def _unusable(path: Path, why: str) -> ConfigError:
         under = False
     if not under:
         return ConfigError(f"{path} cannot be used as a folder: {why}; accepted: a writable directory")
-    name = (f"OMNILAB_CACHE={os.environ['OMNILAB_CACHE']!r}" if os.environ.get("OMNILAB_CACHE")
+    given = settings.raw("OMNILAB_CACHE")
+    name = (f"OMNILAB_CACHE={given!r}" if given
             else f"the cache folder {str(root)!r} (OMNILAB_CACHE unset)")
     return ConfigError(f"{name} cannot be used: {path}: {why}; accepted: OMNILAB_CACHE set to a writable "
                        "directory you own (or a missing one omnilab may create)")

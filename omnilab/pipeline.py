@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import itertools
 import os
 import threading
@@ -140,23 +139,18 @@ class Pipeline(OwnedRequests, PipelineRepr):
                       quantization=quantization_spelling(quantization, quant_group_size))
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
-        from omnilab.kernels import gemv_choice
-        from omnilab.kernels.code2wav_conv import conv_choice
+        from omnilab.kernels import kernel_choices
         from omnilab.models.code2wav_timing import timed_code2wav_dtype as c2w_dtype
-        from omnilab.kernels.hugepages import hugepages_choice
-        from omnilab.kernels.snake import snake_choice
-        from omnilab.kernels.storage import weight_storage_choice
-        from omnilab.kernels.timing import linear_paths
         # resolved here: a bad kernel/dtype/quantization variable fails before any worker starts; kernels built once
-        for decoder_kernel in ("norm", "attention", "stack"):  # RMSNorm, one-token attention, one-call stack
-            importlib.import_module(f"omnilab.kernels.{decoder_kernel}")._SLOT.get()
-        weights = weight_storage_choice(compute := resolve_dtype(dep.dtype)[0])
-        quant_row = quantization_row(path, *dep.quantization_request(quantization, quant_group_size), weights, compute,
-                                     configs[0])
+        kernels = kernel_choices(compute := resolve_dtype(dep.dtype)[0])
+        chosen = {k.key: k.choice for k in kernels}
+        quant_row = quantization_row(path, *dep.quantization_request(quantization, quant_group_size),
+                                     chosen["weights"], compute, configs[0])
         quant = quant_row.choice
-        dep = dataclasses.replace(dep, gemv=gemv_choice(), hugepages=hugepages_choice(), weights=weights,
-                                  snake=snake_choice(), quantization=quant_row, code2wav_dtype=c2w_dtype(dtype),
-                                  code2wav_conv=conv_choice(), paths=linear_paths())
+        dep = dataclasses.replace(dep, kernels=kernels, gemv=chosen["gemv"], hugepages=chosen["hugepages"],
+                                  weights=chosen["weights"], snake=chosen["snake"], quantization=quant_row,
+                                  code2wav_dtype=c2w_dtype(dtype), code2wav_conv=chosen["code2wav_conv"],
+                                  paths=chosen["paths"])
         flush_denormals()
         if backend == "vllm":
             from omnilab.stages.vllm.deploy import build_stages, client_load_options

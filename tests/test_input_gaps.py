@@ -1,4 +1,4 @@
-"""Input gaps of issue 15 (docs/reliability.md#input-validation), each on the path a user takes (eager backend): the
+"""Input validation (docs/reliability.md#input-validation), each on the path a user takes (eager backend): the
 error class and a message naming the value and the accepted ones, before anything reaches an engine."""
 from __future__ import annotations
 

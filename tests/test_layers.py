@@ -21,7 +21,7 @@ HIGH = ("omnilab.checkpoint.random", "omnilab.stages", "omnilab.pipeline", "omni
 # the edges (layer 7): nothing below them may import omnilab.quality (bench/ and cli/ may)
 EDGES = ("omnilab.display", "omnilab.bench", "omnilab.cli", "omnilab.quality", "omnilab.batch")
 # leaves: modules every layer may import, which import no other omnilab layer themselves
-LEAVES = ("omnilab.errors", "omnilab.paths", "omnilab.config")
+LEAVES = ("omnilab.errors", "omnilab.paths", "omnilab.config", "omnilab.settings")
 
 
 def _modules() -> dict[str, Path]:

@@ -154,6 +154,19 @@ def test_deployment_names_the_decode_linear_kernel(tiny_pipe):
     assert rows["decode linears"].startswith(dep.gemv.label) and dep.gemv.reason in rows["decode linears"]
 
 
+def test_deployment_shows_the_one_list_of_kernel_choices(tiny_pipe):
+    """pipe.deployment and ``python -m omnilab.kernels`` print the rows of one function, ``kernel_choices``."""
+    from omnilab.kernels import kernel_choices
+
+    dep = tiny_pipe.deployment
+    want = kernel_choices(tiny_pipe.model.dtype)
+    assert [(k.key, k.title) for k in dep.kernels] == [(k.key, k.title) for k in want]
+    rows = dict(dep.rows())
+    for k in want:
+        assert rows[k.title] == f"{k.choice.label}: {k.choice.reason}"
+    assert {k.key: k.choice for k in dep.kernels}["snake"] is dep.snake
+
+
 def test_bad_gemv_mode_fails_at_load(tiny_ckpt, monkeypatch):
     from omnilab.kernels import gemv
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from omnilab import settings
 from omnilab.bench import drivers as drv
 from omnilab.bench.memory import schedstat_snapshot, wait_pct
 from omnilab.bench.results import table_keys
@@ -161,6 +162,11 @@ def config_env(cfg: Config) -> Iterator[None]:
         snake.reset()
 
 
+def _given(cfg: Config, var: str) -> str:
+    """``var`` as the configuration sets it, else as the environment does, else ``auto``."""
+    return settings.raw(var, cfg.env) or settings.raw(var) or "auto"
+
+
 @contextlib.contextmanager
 def kernel_modes(cfg: Config) -> Iterator[None]:
     """This configuration's GEMV and SnakeBeta modes for the block (``--interleave`` switches them per run;
@@ -169,8 +175,8 @@ def kernel_modes(cfg: Config) -> Iterator[None]:
     from omnilab.kernels.snake import use_snake
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(use_gemv(cfg.env.get("OMNILAB_CPU_GEMV", os.environ.get("OMNILAB_CPU_GEMV", "auto"))))
-        stack.enter_context(use_snake(cfg.env.get("OMNILAB_CPU_SNAKE", os.environ.get("OMNILAB_CPU_SNAKE", "auto"))))
+        stack.enter_context(use_gemv(_given(cfg, "OMNILAB_CPU_GEMV")))
+        stack.enter_context(use_snake(_given(cfg, "OMNILAB_CPU_SNAKE")))
         yield
 
 
@@ -195,7 +201,7 @@ def build(cfg: Config, ckpt: Path, s: Any):
     if (cfg.workers and not explicit) or (profile and not cfg.workers):  # what users get: the (auto) profile
         from omnilab.deployment import prepare
 
-        ranks = int(cfg.env.get("OMNILAB_TALKER_TP", 1))  # +tp2: --threads is split between the ranks
+        ranks = int(settings.raw("OMNILAB_TALKER_TP", cfg.env) or 1)  # +tp2: --threads is split between the ranks
         d = prepare(Path(ckpt), backend="vllm", deploy="workers" if cfg.workers else "inprocess", dtype=dtype,
                     deploy_profile=profile or "auto", num_threads=None if profile else max(s.threads // ranks, 1),
                     max_concurrency=max_conc).vllm_deploy

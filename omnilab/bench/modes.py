@@ -41,7 +41,7 @@ def log(msg: str) -> None:
 
 def _floor(cfg: BenchConfig, bpf: dict) -> dict | None:
     """The frame floor right now (the host is shared: measured next to each row or round)."""
-    return floors.measure_frame_floor(bpf, cfg.dtype, reps=2, threads=cfg.threads) if cfg.floor else None
+    return floors.measure_frame_floor(bpf, cfg.floor_dtype, reps=2, threads=cfg.threads) if cfg.floor else None
 
 
 def _mean_floor(a: dict | None, b: dict | None) -> dict | None:

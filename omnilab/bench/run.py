@@ -1,35 +1,10 @@
 """``omnilab bench``: configurations side by side on one checkpoint (``bench_main(argv)``; Python: ``run_bench(BenchConfig)``).
 
-Each configuration (``backends``: ``eager``, ``vllm``, ``vllm-workers`` with ``+modifiers`` such as
-``+compiled``, ``+torch-gemv``, ``+avx2-kernels``, ``+torch-snake``, ``+fp32-weights``) is built and run: a
-warm-up request, then one stream of ``--frames`` frames and each larger ``--concurrency`` point (all its
-streams started together, or a closed loop of ``--requests``), chunked 1 frame then 25. Per configuration:
-talker decode step, talker forward, code predictor and vLLM overhead per frame, code2wav ms per frame,
-TTFA (= prefill step + first chunk), RTF = wall / audio, N-stream step and frames/s, the N / 1 ratios
-(end to end, talker stage, ceiling), peak RSS of all processes, init time, run-queue wait % (other load on
-a shared host; above ``--wait-flag-pct`` the row is flagged), and the memory-bandwidth floor of a frame
-measured next to the row (``floors``; ``--no-floor`` skips it). Definitions: ``drivers.summarize_point``,
-``backends.derive``.
-
-Three ways to run the configurations:
-
-- one after the other in this process (default), the floor measured before and after each;
-- ``--fresh``: each configuration in its own process (memory figures not inflated by an earlier one);
-- ``--interleave N``: all (in-process) configurations built side by side in this process and run in
-  alternation for N rounds, the order rotated every round and the floor measured before each round;
-  rows are medians over rounds, so configurations are compared under the same host conditions.
-
-``--code2wav-chunks`` adds the decoder's offline 1/25/100-frame and streaming chunk costs; the official
-qwen-tts row (``reference``) is added when ``.venv-ref`` exists. Prints one table; writes one JSON
-(``results``, the command line included) to ``--out`` (default ``./omnilab-bench/``); the last line gives its path.
-
-Every variant is benched: CustomVoice requests take a built-in speaker, VoiceDesign ones ``--instruct`` (a
-default description), Base ones ``--ref-audio`` (without it, a generated 1.5 s reference clip, x-vector mode;
-``--ref-text`` for in-context cloning). ``--address`` (a Ray cluster: ``local:N``, ``auto``, ``ray://HOST:PORT``,
-...) runs each configuration as a task on one of the cluster's nodes, in its own process there
-(``bench/cluster.py``), and gathers one table whose rows name their node. ``--deploy-profile`` builds every
-configuration from a deploy profile (threads, CPUs, KV budget as a user of that profile gets them) instead of
-``--threads``.
+Each configuration (``backends``) is built and run: a warm-up request, then one stream of ``--frames`` frames and
+each larger ``--concurrency`` point; the figures per configuration are defined in ``drivers.summarize_point`` and
+``backends.derive``, the floors in ``floors``. Three modes: one after the other in this process, ``--fresh`` (a
+process each) and ``--interleave N`` (side by side, alternated for N rounds, medians and paired ratios). The
+method, the columns and the configuration suffixes: docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -55,10 +30,9 @@ DEFAULT_OUT = "omnilab-bench"  # results go to ./omnilab-bench/ unless --out nam
 DEFAULT_CONFIGS = ("eager", "vllm", "vllm-workers")
 MODES = ("same-process", "fresh", "interleave")
 EXAMPLES = """examples:
-  omnilab bench --size 0.6b --configs eager,vllm,vllm-workers,vllm+compiled --frames 40 --concurrency 1,4 --fresh
-  omnilab bench --size 0.6b --configs vllm,vllm+fp32-weights,eager --concurrency 1 --interleave 5
-  omnilab bench --size 0.6b --configs eager --frames 24 --concurrency 1 --code2wav-chunks --reference on
-  omnilab bench --size 0.6b --configs eager,vllm --quantization none,int8,int4 --dtype auto,float32,bfloat16 --interleave 3
+  omnilab bench --size 0.6b --configs eager,vllm,vllm-workers --frames 40 --concurrency 1,4 --fresh
+  omnilab bench --size 0.6b --configs eager,vllm --quantization none,int8,int4 \\
+      --dtype auto,float32,bfloat16 --interleave 2 --rebuild
 """
 
 
@@ -68,7 +42,7 @@ class BenchConfig:
     checkpoint: str | None = None
     size: str = "tiny"
     variant: str = "custom_voice"     # of the random checkpoint (no --model)
-    dtype: str = "float32"
+    dtype: str = "auto"               # of configurations without a dtype suffix: auto (as synth) | float32 | bfloat16
     threads: int = 2
     configs: tuple[str, ...] = DEFAULT_CONFIGS
     frames: int = 40
@@ -99,6 +73,12 @@ class BenchConfig:
     ref_text: str | None = None       # Base: the reference's transcript (in-context cloning); None = x-vector only
     address: str | None = None        # a Ray cluster: each configuration a task on one of its nodes (bench/cluster.py)
 
+    @property
+    def floor_dtype(self) -> str:
+        """The dtype of the floor probes and of the bytes per frame: float32 for ``auto`` (its decode computes in
+        fp32 unless the machine's timing picks bf16)."""
+        return "float32" if self.dtype == "auto" else self.dtype
+
     def __post_init__(self):
         for k in ("threads", "frames", "rounds", "warmup_frames", "max_model_len", "gemv_mib"):
             if getattr(self, k) < 1:
@@ -119,7 +99,8 @@ class BenchConfig:
             raise ValueError(f"reference={self.reference!r}; accepted: auto, on, off")
         if not self.configs:
             raise ValueError("configs is empty; accepted: names such as " + ", ".join(DEFAULT_CONFIGS))
-        floors.dtype_bytes(self.dtype)
+        if self.dtype != "auto":
+            floors.dtype_bytes(self.dtype)
         parsed = [be.parse_config(n, self.compile_talker) for n in self.configs]  # ValueError names the bad one
         if self.rebuild and self.mode != "interleave":
             raise ValueError("rebuild=True (--rebuild) goes with --interleave ROUNDS; accepted: --interleave N --rebuild")
@@ -172,7 +153,7 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
     flush_denormals()
     ckpt = checkpoint_for(cfg)
     prompts = load_prompts(cfg.prompts)
-    bpf = floors.bytes_per_frame(ckpt, floors.dtype_bytes(cfg.dtype))
+    bpf = floors.bytes_per_frame(ckpt, floors.dtype_bytes(cfg.floor_dtype))
     meta: dict[str, Any] = {
         "checkpoint": str(ckpt), "size": cfg.size, "dtype": cfg.dtype, "threads": cfg.threads,
         "settings": dataclasses.asdict(cfg), "bytes_per_frame": bpf, "pid": os.getpid(),
@@ -261,74 +242,66 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
 
 
-def parser() -> argparse.ArgumentParser:
-    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        pass
+DESCRIPTION = """\
+Build each configuration on one checkpoint, run a warm-up request, one stream of --frames frames and
+each larger --concurrency point; print a table (a line per configuration) and write one JSON, whose
+path is the last line. Configurations: eager, vllm, vllm-workers, each with optional +suffixes
+(+int4, +bf16, +torch-gemv, ...). Method, columns and every suffix: docs/benchmarks.md."""
 
-    ap = argparse.ArgumentParser(prog="omnilab bench", formatter_class=Formatter,
-                                 description=__doc__.split("\n", 1)[1].strip().replace("``", "'"), epilog=EXAMPLES)
+
+def parser() -> argparse.ArgumentParser:
+    from omnilab.cli.main import Formatter
+
+    ap = argparse.ArgumentParser(prog="omnilab bench", formatter_class=Formatter, usage="omnilab bench [options]",
+                                 description=DESCRIPTION, epilog=EXAMPLES)
     a = ap.add_argument
-    a("--model", default=None, help="checkpoint dir (any variant); None = a random checkpoint of --size and "
-      "--variant (cached)")
-    a("--size", default="tiny", help="random checkpoint size when --model is not given: tiny | mid | 0.6b | 1.7b")
-    a("--variant", default="custom_voice", choices=("custom_voice", "voice_design", "base"),
-      help="random checkpoint variant when --model is not given")
-    a("--instruct", default=be.DEFAULT_INSTRUCT, help="VoiceDesign checkpoints: the voice description of every "
-      "request")
-    a("--ref-audio", default=None, help="Base checkpoints: reference audio file; None = a generated 1.5 s clip")
-    a("--ref-text", default=None, help="Base checkpoints: transcript of --ref-audio (in-context cloning); None = "
-      "x-vector only")
-    a("--deploy-profile", default="none", help="none (--threads, --talker-cpus, --code2wav-cpus decide) | auto | a "
-      "preset name | a deploy YAML: every configuration built with that profile's threads, CPUs and KV budget")
-    a("--dtype", default="float32", help="compute dtype: float32 | bfloat16 | auto (what dtype=None picks), or a "
-      "comma list: every configuration once per dtype (suffixes +fp32 / +bf16 / +auto)")
-    a("--quantization", default="none", help="comma list of decode-matrix quantizations, every configuration once "
-      "per entry: none | int8 | int4 | int4-g32 | int4-g64 | int4-g128 (suffixes +int8 / +int4 / ...)")
-    a("--fidelity", choices=("auto", "on", "off"), default="auto", help="teacher-forced fidelity of each row's "
-      "numerics (dtype, quantization) against eager float32 unquantized (omnilab.quality.compare); auto: when the "
-      "rows' numerics differ")
-    a("--threads", type=int, default=2, help="talker threads (eager / in-process / worker) and floor-probe threads")
-    a("--configs", "--backends", dest="configs", default=",".join(DEFAULT_CONFIGS),
-      help="comma list of configurations: " + "; ".join(f"{k}: {v}" for k, v in be.BASES.items())
-      + f"; each with optional suffixes {' '.join(be.MODIFIERS)} (aliases: {', '.join(be.ALIASES)})")
-    a("--frames", type=int, default=40, help="frames per request (max_new_tokens = frames + 1)")
-    a("--concurrency", default="1,4", help="comma list of stream counts; 1 is always measured (the base of the "
-      "N / 1 ratios); the table shows 1 and the largest")
-    a("--requests", type=int, default=None, help="requests per concurrency point, at most the point's streams "
-      "in flight; None = one wave (all started together)")
-    a("--warmup-frames", type=int, default=4, help="frames of the warm-up request before each configuration's run")
-    a("--prompts", default=str(DEFAULT_PROMPTS), help="prompt file, one per line ('#' lines skipped)")
-    a("--sample", action="store_true", help="sample (seeded per request) instead of greedy decoding")
-    a("--seed", type=int, default=0, help="first request's seed with --sample")
-    a("--chunks", default="1,25", help="code2wav chunk sizes FIRST,[RAMP...,]STEADY frames, or 'profile' (each "
-      "pipeline's own schedule)")
+    a("--model", default=None, metavar="DIR", help="checkpoint, any variant (default: a random one of --size, --variant)")
+    a("--size", default="tiny", help="random checkpoint size: tiny | mid | 0.6b | 1.7b")
+    a("--variant", default="custom_voice", choices=("custom_voice", "voice_design", "base"), metavar="V",
+      help="random checkpoint variant: custom_voice | voice_design | base")
+    a("--instruct", default=be.DEFAULT_INSTRUCT, metavar="TEXT", help="VoiceDesign: every request's voice description "
+      "(default: a fixed one)")
+    a("--ref-audio", default=None, metavar="WAV", help="Base: reference audio file (default: a generated 1.5 s clip)")
+    a("--ref-text", default=None, metavar="TEXT", help="Base: its transcript, for in-context cloning (default: x-vector only)")
+    a("--deploy-profile", default="none", metavar="P", help="none (--threads decides) | auto | preset | deploy "
+      "YAML")
+    a("--dtype", default="auto", metavar="D", help="auto (as synth) | float32 | bfloat16, or a comma list")
+    a("--quantization", default="none", metavar="Q", help="none | int8 | int4 | int4-gN (32/64/128), or a comma "
+      "list")
+    a("--fidelity", choices=("auto", "on", "off"), default="auto", help="fidelity against eager float32 (auto: where it "
+      "differs)")
+    a("--threads", type=int, default=2, metavar="N", help="talker threads and floor-probe threads")
+    a("--configs", "--backends", dest="configs", default=",".join(DEFAULT_CONFIGS), metavar="LIST",
+      help="configurations, comma-separated")
+    a("--frames", type=int, default=40, metavar="N", help="frames per request")
+    a("--concurrency", default="1,4", metavar="LIST", help="stream counts, comma-separated; 1 always runs")
+    a("--requests", type=int, default=None, metavar="N", help="requests per concurrency point (default: one wave)")
+    a("--warmup-frames", type=int, default=4, metavar="N", help="frames of each configuration's warm-up request")
+    a("--prompts", default=str(DEFAULT_PROMPTS), metavar="FILE", help="prompts, one a line (default: the shipped "
+      "Harvard sentences)")
+    a("--sample", action="store_true", help="sample, seeded per request, instead of greedy decoding")
+    a("--seed", type=int, default=0, metavar="N", help="first request's seed with --sample")
+    a("--chunks", default="1,25", metavar="LIST", help="code2wav chunks FIRST,[RAMP...,]STEADY, or 'profile'")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--fresh", action="store_true", help="run each configuration in its own process (without --fresh "
-                      "or --interleave: one after the other in this process)")
-    mode.add_argument("--interleave", type=int, default=0, metavar="ROUNDS", help="build the in-process configurations "
-                      "side by side in this process and alternate them for ROUNDS rounds (order rotated every round); "
-                      "rows are medians over rounds; 0 = off")
-    a("--rebuild", action="store_true", help="with --interleave: one configuration in memory at a time, built anew "
-      "for each turn and closed after it (a sweep too large to hold side by side)")
-    a("--compile", choices=("off", "on"), default="off", help="on: vLLM's torch.compile path for the talker in every "
-      "vllm configuration (per configuration: the +compiled suffix)")
-    a("--talker-cpus", default=None, help="vllm-workers: talker CPU list, e.g. 0,1; None = the auto deploy profile's")
-    a("--code2wav-cpus", default=None, help="vllm-workers: code2wav CPU list; None = the auto deploy profile's")
-    a("--max-model-len", type=int, default=1024, help="vLLM max_model_len")
-    a("--address", default=None, help="run the configurations across a Ray cluster's nodes, each in its own process "
-      "on one node reserving --threads CPUs, gathered into one table: local | local:N (N Ray nodes on this machine) "
-      "| auto | HOST:PORT | ray://HOST:PORT (needs the cluster extra); None = this machine only")
-    a("--no-floor", action="store_true", help="skip the GEMV floor probes (bandwidth and the per-row frame floor)")
-    a("--gemv-mib", type=int, default=1024, help="size of the DRAM bandwidth probe's matrix (MiB)")
-    a("--reference", choices=("auto", "on", "off"), default="auto",
-      help="the official qwen-tts row (auto: when .venv-ref exists)")
-    a("--code2wav-chunks", action="store_true", help="add the decoder's offline 1/25/100-frame and streaming chunk "
-      "costs (in-process code2wav only)")
-    a("--wait-flag-pct", type=float, default=WAIT_FLAG_PCT, help="flag rows whose run-queue wait is above this %% "
-      "(other load on the host)")
-    a("--rss-interval", type=float, default=0.2, help="seconds between RSS samples")
-    a("--out", default=DEFAULT_OUT, help="output directory (relative to the current directory)")
-    a("--name", default=None, help="output file stem; None = bench_<size or model>_<dtype>_t<threads>")
+    mode.add_argument("--fresh", action="store_true", help="run each configuration in its own process")
+    mode.add_argument("--interleave", type=int, default=0, metavar="N", help="alternate side by side for N rounds "
+                      "(default: off)")
+    a("--rebuild", action="store_true", help="with --interleave: build each configuration anew for its turn")
+    a("--compile", choices=("off", "on"), default="off", help="vLLM's torch.compile path in every vllm configuration")
+    a("--talker-cpus", default=None, metavar="CPUS", help="vllm-workers: talker CPU list (default: the auto profile's)")
+    a("--code2wav-cpus", default=None, metavar="CPUS", help="vllm-workers: code2wav CPU list (default: the auto profile's)")
+    a("--max-model-len", type=int, default=1024, metavar="N", help="vLLM max_model_len")
+    a("--address", default=None, metavar="ADDR", help="Ray cluster: local[:N] | auto | ray://HOST:PORT (default: "
+      "this machine)")
+    a("--no-floor", action="store_true", help="skip the memory-bandwidth floor probes")
+    a("--gemv-mib", type=int, default=1024, metavar="MIB", help="size of the DRAM bandwidth probe (MiB)")
+    a("--reference", choices=("auto", "on", "off"), default="auto", help="the official qwen-tts row; auto: with "
+      ".venv-ref")
+    a("--code2wav-chunks", action="store_true", help="add code2wav's offline and streaming chunk costs")
+    a("--wait-flag-pct", type=float, default=WAIT_FLAG_PCT, metavar="PCT", help="flag rows with more run-queue wait")
+    a("--rss-interval", type=float, default=0.2, metavar="S", help="seconds between RSS samples")
+    a("--out", default=DEFAULT_OUT, metavar="DIR", help="output directory")
+    a("--name", default=None, metavar="STEM", help="output file stem (default: bench_<size>_<dtype>_t<threads>)")
     add_verbosity(ap)
     return ap
 
@@ -338,14 +311,14 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
-    dtypes = _names(a.dtype) or ("float32",)
-    single = len(dtypes) == 1 and dtypes[0] != "auto"  # one concrete dtype: --dtype as before, no suffix
+    dtypes = _names(a.dtype) or ("auto",)
+    single = len(dtypes) == 1  # one dtype: the configurations' own (no suffix); a list: a suffix each
     configs = be.expand(_names(a.configs), _names(a.quantization), () if single else dtypes)
     concrete = [d for d in dtypes if d != "auto"]
     return BenchConfig(
         checkpoint=a.model, size=a.size, variant=a.variant, instruct=a.instruct, ref_audio=a.ref_audio,
         ref_text=a.ref_text, deploy_profile=None if a.deploy_profile.lower() == "none" else a.deploy_profile,
-        dtype=concrete[0] if concrete else "float32", threads=a.threads,
+        dtype=dtypes[0] if single else (concrete[0] if concrete else "float32"), threads=a.threads,
         configs=configs, frames=a.frames, fidelity=a.fidelity, rebuild=a.rebuild,
         concurrency=_ints(a.concurrency), requests=a.requests, warmup_frames=a.warmup_frames, prompts=a.prompts,
         sample=a.sample, seed=a.seed, chunks=() if a.chunks == "profile" else _ints(a.chunks),

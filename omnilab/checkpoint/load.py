@@ -97,11 +97,9 @@ def resolve_dtype(dtype: Any = None) -> tuple[torch.dtype, str]:
         if d is not None:
             return d, f"requested dtype={dtype}"
     else:
-        env = os.environ.get("OMNILAB_DTYPE", "").strip()
-        if env:
-            d = _parse_dtype(env, "OMNILAB_DTYPE")
-            if d is not None:
-                return d, f"OMNILAB_DTYPE={env}"
+        from omnilab import settings
+        if (name := settings.env_dtype()) is not None:
+            return _DTYPES[name], f"OMNILAB_DTYPE={settings.raw('OMNILAB_DTYPE').strip()}"
     from omnilab.kernels.timing import auto_dtype
     name, why = auto_dtype()  # the planner's rule over this machine's timing (docs/kernels.md)
     return _DTYPES[name], f"auto: {why}"

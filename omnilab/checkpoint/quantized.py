@@ -332,7 +332,8 @@ def quantization_for(checkpoint_dir: str | Path, method: Any = None, group_size:
     if view is index:
         return requested, index
     if requested.source != "default":
-        spelling = os.environ.get(QUANT_ENV, "").strip() if requested.source == "env" else str(method)
+        from omnilab import settings
+        spelling = (settings.raw(QUANT_ENV) or "").strip() if requested.source == "env" else str(method)
         explicit = group_size is not None or re.search(r"(-g|/)\d+$", spelling) is not None  # "int4-g64"
         asked = f"{QUANT_ENV}={spelling}" if requested.source == "env" else f"quantization={method!r}"
         _check_request(choice, requested.method, requested.group_size if explicit else None, requested.source, asked)

@@ -20,18 +20,20 @@ def batch_main(argv: list[str] | None = None) -> int:
         "each Ray node) or in this process. Ids whose wav exists are skipped (resume). Exit status: 0 all rows "
         "written, 1 some rows bad or failed (the rest written), 2 refused. See docs/batch.md."))
     ap.add_argument("manifest", help="the manifest file: .csv, .jsonl / .ndjson or .parquet")
-    ap.add_argument("--model", default=None, help="checkpoint dir or hub id; None = the embedded tiny checkpoint")
+    ap.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the embedded tiny "
+                    "checkpoint, random weights)")
     ap.add_argument("--out", default="batch-out", help="output directory (wav/, records/, metrics.parquet)")
     ap.add_argument("--address", default=None,
                     help="ray://HOST:PORT | HOST:PORT | auto | local | local:N (N Ray nodes on this machine) | none "
-                         "(this process); None = a local Ray instance, or this process when ray is not installed")
+                         "(this process) (default: a local Ray instance, or this process without ray installed)")
     ap.add_argument("--backend", default="vllm", choices=("vllm", "eager"), help="each actor's talker backend")
     ap.add_argument("--deploy-profile", default="auto",
                     help="each actor's profile: auto | a preset name | a deploy YAML path | none")
-    ap.add_argument("--dtype", default=None, help="float32 | bfloat16; None = the profile's")
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the deploy profile's)")
     ap.add_argument("--threads", type=int, default=None,
-                    help="threads and Ray CPUs per actor; None = the NUMA node's physical cores, capped by the Ray node's CPUs")
-    ap.add_argument("--actors-per-node", type=int, default=None, help="actors on each Ray node; None = one per NUMA node")
+                    help="threads and Ray CPUs per actor (default: the NUMA node's physical cores, at most the Ray "
+                         "node's CPUs)")
+    ap.add_argument("--actors-per-node", type=int, default=None, help="actors on each Ray node (default: one per NUMA node)")
     ap.add_argument("--max-retries", type=int, default=2, help="reruns of a row whose actor died before it is reported failed")
     ap.add_argument("--strict", action="store_true", help="refuse the whole run if any manifest row is bad")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")

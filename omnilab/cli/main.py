@@ -27,12 +27,24 @@ SUMMARIES = {
     "bench": "benchmark configurations (eager, vllm, vllm-workers, ...) side by side on one checkpoint",
     "batch": "synthesize a manifest (CSV / JSONL / Parquet) on Ray actors, or in this process without Ray",
     "serve": "serve the speech API (vLLM-Omni's /v1/audio/speech, voices, WebSocket) and a page on one Pipeline",
+    "settings": "list every OMNILAB_* environment variable with its value here and its source",
     "help": "show the help of a command: omnilab help COMMAND",
 }
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default and keeps descriptions' line breaks."""
+    """Shows an option's default where it has a value (a help that names its default in words says it itself),
+    keeps descriptions' line breaks, and lays the help out in 100 columns whatever the terminal."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 30, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, width or 100)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if (action.default is None or action.default is False or action.default is argparse.SUPPRESS
+                or isinstance(action, argparse._CountAction) or action.default in ([], ())
+                or "(default:" in (action.help or "")):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -50,27 +62,28 @@ def synth_main(argv: list[str] | None = None) -> int:
                                              "(one row per timing span) and prints a summary table.")
     a = ap.add_argument
     a("text", nargs="?", default=DEFAULT_TEXT, help="the text to speak")
-    a("--model", default=None, help="checkpoint dir or hub id; None = the embedded tiny checkpoint")
+    a("--model", default=None, help="checkpoint directory or hub id (default: the embedded tiny checkpoint, random "
+      "weights)")
     a("--out", default="out", help="output directory")
     a("--name", default="omnilab_demo", help="output file stem")
-    a("--speaker", default=None, help="CustomVoice speaker (omnilab speakers --model DIR lists them); None = the first")
+    a("--speaker", default=None, help="CustomVoice speaker, as omnilab speakers lists them (default: the first)")
     a("--language", default="auto", help="language name (omnilab speakers lists them) or auto")
-    a("--instruct", default=None, help="voice / style description (VoiceDesign; CustomVoice 1.7B)")
-    a("--ref-audio", default=None, help="reference audio file to clone (Base checkpoints)")
-    a("--ref-text", default=None, help="transcript of --ref-audio (Base: in-context cloning; None = x-vector only)")
-    a("--max-new-tokens", type=int, default=None, help="talker tokens at most (one frame = 80 ms each); None = the "
-      "checkpoint's limit (75 on the embedded checkpoint, whose random weights rarely stop)")
+    a("--instruct", default=None, help="voice / style description for VoiceDesign and CustomVoice 1.7B (default: none)")
+    a("--ref-audio", default=None, help="reference audio file to clone, for Base checkpoints (default: none)")
+    a("--ref-text", default=None, help="transcript of --ref-audio, for in-context cloning (default: x-vector only)")
+    a("--max-new-tokens", type=int, default=None, help="talker tokens at most, one 80 ms frame each (default: the "
+      "checkpoint's limit; 75 on the embedded checkpoint, whose random weights rarely stop)")
     a("--greedy", action="store_true", help="greedy decoding (talker and sub-talker)")
     a("--seed", type=int, default=0, help="sampling seed")
-    a("--dtype", default=None, help="float32 | bfloat16; None = auto per CPU (measured)")
+    a("--dtype", default=None, help="float32 | bfloat16 (default: chosen for this CPU by a short, cached timing)")
     a("--quantization", default=None, metavar="Q", help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | "
-      "int4-g128; None = the profile's (none unless asked; a quantized checkpoint: as stored)")
-    a("--threads", type=int, default=None, help="talker threads; None = the deploy profile's")
+      "int4-g128 (default: the deploy profile's, none unless asked; a quantized checkpoint as stored)")
+    a("--threads", type=int, default=None, help="talker threads (default: the deploy profile's)")
     a("--backend", default="vllm", choices=("vllm", "eager"), help="vllm: the talker in vLLM's CPU engine; eager: "
       "plain torch in this process")
     a("--deploy-profile", default="auto", help="auto | a preset name | a deploy YAML path | none")
     a("--deploy", default=None, choices=("auto", "inprocess", "workers"),
-      help="vLLM backend: where the stages run; None = auto, from the profile")
+      help="vLLM backend: where the stages run (default: auto, from the deploy profile)")
     a("--stream", action="store_true", help="stream the audio chunk by chunk (reports TTFA)")
     a("--no-progress", action="store_true", help="no progress bars (also OMNILAB_PROGRESS=0)")
     add_verbosity(ap)
@@ -161,6 +174,7 @@ COMMANDS = {
     "bench": _lazy("omnilab.bench.run", "bench_main"),
     "batch": _lazy("omnilab.cli.batch", "batch_main"),
     "serve": _lazy("omnilab.cli.serve", "serve_main"),
+    "settings": _lazy("omnilab.cli.settings", "settings_main"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Sequence
 
 from omnilab.errors import OmnilabError
@@ -22,7 +23,7 @@ def probe_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--root", default="/", help="filesystem root or a .json snapshot to probe")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--snapshot", metavar="OUT.json", help="also write every file the probe read to OUT.json "
-                    "(attach it to bug reports; '--root OUT.json' replays it)")
+                    "(attach it to bug reports; '--root OUT.json' replays it) (default: not written)")
     add_verbosity(ap)
     args = ap.parse_args(argv)
     apply_verbosity(args)
@@ -63,21 +64,30 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         description="Plan threads, CPU lists, KV budget, dtype and chunking for the talker and code2wav stages.",
         epilog="environment overrides (OMNILAB_* win over vLLM's variables, which win over arguments and files):\n"
                + env_help())
-    ap.add_argument("--model", metavar="PATH", help="checkpoint directory (or its config.json); None = the "
-                    "released 0.6B geometry")
-    ap.add_argument("--profile", default="auto", help=f"auto, a preset ({', '.join(list_presets())}) or a YAML file")
+    ap.add_argument("--model", metavar="PATH", help="checkpoint directory or its config.json (default: the released "
+                    "0.6B geometry)")
+    ap.add_argument("--deploy-profile", default="auto", metavar="P",
+                    help=f"auto, a preset ({', '.join(list_presets())}) or a deploy YAML file")
+    ap.add_argument("--profile", dest="legacy_profile", default=None, help=argparse.SUPPRESS)  # the former name
     ap.add_argument("--root", default="/", help="filesystem root or .json snapshot to plan for")
-    ap.add_argument("--max-concurrency", type=int, help="concurrent requests (max_num_seqs); None = the planner's")
-    ap.add_argument("--max-model-len", type=int, help="talker context length in tokens; None = the planner's")
+    ap.add_argument("--max-concurrency", type=int, help="concurrent requests, max_num_seqs (default: the planner's)")
+    ap.add_argument("--max-model-len", type=int, help="talker context length in tokens (default: the planner's)")
     ap.add_argument("--quantization", metavar="Q", help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | "
-                    "int4-g128 (the profile field 'quantization'); None = none")
+                    "int4-g128 (default: none)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field, e.g. "
-                    "--set talker_threads=4 --set dtype=float32 (repeatable)")
+                    "--set talker_threads=4 --set dtype=float32; repeatable (default: none)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ap.add_argument("--yaml", metavar="OUT.yaml", help="also write the profile as deploy YAML")
+    ap.add_argument("--yaml", metavar="OUT.yaml", help="also write the profile as deploy YAML (default: not written)")
     add_verbosity(ap)
     args = ap.parse_args(argv)
     apply_verbosity(args)
+    if args.legacy_profile is not None:
+        if args.deploy_profile not in ("auto", args.legacy_profile):
+            ap.error(f"--profile {args.legacy_profile} and --deploy-profile {args.deploy_profile} disagree; "
+                     "accepted: --deploy-profile alone")
+        warnings.warn("omnilab plan --profile is deprecated; use --deploy-profile, as the other commands do",
+                      FutureWarning, stacklevel=1)
+        args.deploy_profile = args.legacy_profile
     from omnilab.hardware import probe_hardware
     from omnilab.hardware_info import kernel_isas
     from omnilab.profiles.resolve import resolve_profile
@@ -93,7 +103,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         times = _path_times(overrides) if args.root == "/" else None  # a snapshot is another machine: no timing
         if times is not None:
             kwargs["path_times"] = times
-        profile = resolve_profile(args.profile, hardware=hw, model_config=args.model, **kwargs)
+        profile = resolve_profile(args.deploy_profile, hardware=hw, model_config=args.model, **kwargs)
         if args.yaml:
             profile.to_yaml(args.yaml)
     except (OmnilabError, OSError, ValueError) as e:

@@ -22,7 +22,8 @@ def quantize_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--method", required=True, choices=("int8", "int4"),
                     help="int8: W8A16, one scale per output channel; int4: W4A16 group-wise (required)")
     ap.add_argument("--group-size", type=int, default=None,
-                    help="int4 only: 32 | 64 | 128; None = 128, or the largest of 64/32 dividing every K")
+                    help="int4 only: 32 | 64 | 128 (default: 128, or the largest of 64 / 32 "
+                    "dividing every K)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (also OMNILAB_PROGRESS=0)")
     add_verbosity(ap)

@@ -47,7 +47,8 @@ def speakers_main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="omnilab speakers", formatter_class=Formatter,
                                  description="List a checkpoint's speakers and languages (from its config.json) and say "
                                              "how its variant chooses a voice.")
-    ap.add_argument("--model", default=None, help="checkpoint directory or hub id; None = the embedded tiny checkpoint")
+    ap.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the embedded tiny "
+                    "checkpoint)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     add_verbosity(ap)
     args = ap.parse_args(argv)

@@ -14,10 +14,10 @@ Contract:
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 from typing import Any, Iterable
 
+from omnilab import settings
 from omnilab.errors import InputError
 
 ENV = "OMNILAB_PROGRESS"
@@ -36,13 +36,14 @@ def progress_enabled(progress: bool | None = None) -> bool | None:
     """True / False where decided, None where tqdm decides from the terminal (see the module docstring)."""
     if progress is not None:
         return bool(progress)
-    raw = os.environ.get(ENV, "").strip().lower()
+    given = settings.raw(ENV) or ""
+    raw = given.strip().lower()
     if raw in _ON:
         return True
     if raw in _OFF:
         return False
     if raw:
-        raise InputError(f"{ENV}={os.environ[ENV]!r}; accepted: 1/on/true, 0/off/false")
+        raise InputError(f"{ENV}={given!r}; accepted: 1/on/true, 0/off/false")
     from omnilab.logs import verbosity
 
     if verbosity() == "error" or multiprocessing.parent_process() is not None:

@@ -25,14 +25,52 @@
 
 - :mod:`omnilab.kernels.timing`: a cached timing of the linear paths on this machine, and the choice of bf16 decode
   rows and prefill GEMMs made from it (``OMNILAB_PLAN_TIMING``, ``OMNILAB_BF16_DECODE``, ``OMNILAB_PREFILL_GEMM``).
+- :func:`kernel_choices`: the list of this process's kernel choices that ``pipe.deployment`` and
+  ``python -m omnilab.kernels`` both show.
 
 May import: the leaves only (``errors``, ``paths``, ``config``, ``hardware``, ``hardware_info``), and
 ``profiles.timing`` (the plain rules over measured times, shared with the planner). The lowest compute layer:
 never ``models``, ``checkpoint``, ``stages``, the rest of ``profiles``, or ``display``.
 """
+from dataclasses import dataclass
+from typing import Any
+
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
 from omnilab.kernels.gemv import MODES, GemvChoice, gemv_choice, gemv_rows, linear, use_gemv
 
-__all__ = ["GemvChoice", "KernelBuildError", "MODES", "build_library", "code2wav_dtype_choice", "gemv_choice",
-           "gemv_rows", "linear", "select_isa", "use_gemv"]
+__all__ = ["GemvChoice", "KernelBuildError", "KernelRow", "MODES", "build_library", "code2wav_dtype_choice",
+           "gemv_choice", "gemv_rows", "kernel_choices", "linear", "select_isa", "use_gemv"]
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel choice of this process: ``key`` (the ``Deployment`` field where it has one), ``title`` in words,
+    and the ``choice`` (its ``label``, ``reason`` and ``source``)."""
+    key: str
+    title: str
+    choice: Any
+
+
+def kernel_choices(compute: Any) -> tuple[KernelRow, ...]:
+    """This process's kernel choices for a talker computing in ``compute`` (a torch dtype), each resolved (and its
+    kernel built) now: the one list ``pipe.deployment`` and ``python -m omnilab.kernels`` show, so they agree. A bad
+    ``OMNILAB_CPU_*`` (or other kernel) variable raises here, before any model loads or worker starts."""
+    from omnilab.kernels.attention import attention_choice
+    from omnilab.kernels.code2wav_conv import conv_choice
+    from omnilab.kernels.hugepages import hugepages_choice
+    from omnilab.kernels.norm import norm_choice
+    from omnilab.kernels.snake import snake_choice
+    from omnilab.kernels.stack import stack_choice
+    from omnilab.kernels.storage import weight_storage_choice
+    from omnilab.kernels.timing import linear_paths
+
+    return (KernelRow("gemv", "decode linears", gemv_choice()),
+            KernelRow("weights", "decode weights", weight_storage_choice(compute)),
+            KernelRow("paths", "linear paths", linear_paths()),
+            KernelRow("hugepages", "decode weight pages", hugepages_choice()),
+            KernelRow("norm", "decoder RMSNorm", norm_choice()),
+            KernelRow("attention", "decoder one-token attention", attention_choice()),
+            KernelRow("stack", "decoder stack step (all layers in one call) and SwiGLU", stack_choice()),
+            KernelRow("snake", "code2wav activation", snake_choice()),
+            KernelRow("code2wav_conv", "code2wav fp32 convs", conv_choice()))

@@ -98,22 +98,8 @@ def launch(lib: KernelLib, qkv_p: int, nw_p: int, cos_p: int, sin_p: int, rope_s
                            f"{list(positions)} for capacities {list(caps)}")
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def attention_choice() -> KernelChoice:
-    """The process's decode-attention choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_ATTN`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_attention(mode: str):
-    """Within the block (``with use_attention(mode):``) this process's decoders use ``mode`` (one of :data:`MODES`)."""
-    return _SLOT.use(mode)
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+attention_choice, reset, use_attention = _SLOT.get, _SLOT.reset, _SLOT.use
 
 
 def decode_attention(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor,

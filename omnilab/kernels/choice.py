@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 
@@ -46,7 +46,7 @@ def resolve_kernel(var: str, what: str, name: str, loader: Callable[[Path], Any]
     is the ISA's (the caller adds what the kernel does). An unknown mode raises ``ConfigError`` (a ``ValueError``)
     naming the variable, its value and the accepted ones; an explicit ``omnilab*`` mode that cannot be met raises
     ``RuntimeError``; ``auto`` falls back to torch, with a ``RuntimeWarning`` when the build fails."""
-    text = os.environ.get(var, "") if env is None else env
+    text = (settings.raw(var) or "") if env is None else env
     raw = text.strip().lower() or "auto"
     if raw not in KERNEL_MODES:
         raise ConfigError(f"{var}={text!r} is not a {what} mode; accepted: {', '.join(KERNEL_MODES)}")

@@ -29,9 +29,9 @@ samples).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_CODE2WAV_CONV"
@@ -63,7 +63,7 @@ class Code2WavConv:
 def conv_choice(env: str | None = None) -> Code2WavConv:
     """The fp32 conv path from ``OMNILAB_CODE2WAV_CONV`` (``env`` replaces its value); ``ConfigError`` naming the
     accepted values for anything else."""
-    text = os.environ.get(ENV, "") if env is None else env
+    text = (settings.raw(ENV) or "") if env is None else env
     raw = text.strip().lower() or "auto"
     if raw not in MODES:
         raise ConfigError(f"{ENV}={text!r} is not a code2wav conv path; accepted: {', '.join(MODES)}")

@@ -25,10 +25,10 @@ Choice (:func:`code2wav_dtype_choice`), with a reason; ``OMNILAB_CODE2WAV_DTYPE=
 """
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import dataclass
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_CODE2WAV_DTYPE"
@@ -69,7 +69,7 @@ def code2wav_dtype_choice(requested=None, env: str | None = None, flags: frozens
     ``times``: this machine's code2wav timing (None: the ISA prior); a pipeline asks
     :func:`omnilab.models.code2wav_timing.timed_code2wav_dtype`, which measures it where it matters.
     Raises ``ConfigError`` naming the variable, its value and the accepted ones for an unknown mode."""
-    text = os.environ.get(ENV, "") if env is None else env
+    text = (settings.raw(ENV) or "") if env is None else env
     raw = text.strip().lower() or "auto"
     if raw not in MODES:
         raise ConfigError(f"{ENV}={text!r} is not a code2wav dtype; accepted: {', '.join(MODES)}")
@@ -77,6 +77,6 @@ def code2wav_dtype_choice(requested=None, env: str | None = None, flags: frozens
         from omnilab.hardware import cpu_flags
         flags = cpu_flags()
     arch = arch or platform.machine()
-    asked = os.environ.get("OMNILAB_DTYPE", "") if requested is None else requested
+    asked = (settings.env_dtype() or "") if requested is None else requested
     dtype, native, why = code2wav_dtype_rule(raw, frozenset(flags), arch, asked, times)
     return Code2WavDtype(dtype, native, why, "auto" if raw == "auto" else "env")

@@ -19,11 +19,11 @@ to measure the gain side by side).
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.kernels import gemv, qgemv
 from omnilab.kernels.quant import ROWS, QuantizedWeight
@@ -36,9 +36,10 @@ Weight = torch.Tensor | QuantizedWeight
 
 
 def enabled() -> bool:
-    raw = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    given = settings.raw(ENV)
+    raw = (given or "auto").strip().lower() or "auto"
     if raw not in MODES:
-        raise ConfigError(f"{ENV}={os.environ.get(ENV)!r} is not a mode; accepted: {', '.join(MODES)}")
+        raise ConfigError(f"{ENV}={given!r} is not a mode; accepted: {', '.join(MODES)}")
     return raw == "auto"
 
 

@@ -1,10 +1,8 @@
 """Small-batch fp32 linear layers: omnilab's GEMV kernel for 4..8 rows, torch (MKL) otherwise.
 
 Why: decode reads every weight once per step, so a linear over B decoding rows should cost about what one
-row costs. MKL's fp32 GEMM does so for 1-3 rows but reads the weights at about half its 1-row bandwidth
-from 4 rows on (measured here on the code predictor's matrices, 2 threads: 1 row 22-29 GB/s, 4 rows
-11-15 GB/s, 8 rows 9-11 GB/s), so 4 concurrent streams cost ~2x one stream in every linear. The kernel in
-``gemv.cpp`` streams the weights once for all rows (4 rows: 18-25 GB/s). Below 4 rows torch is as fast
+row costs. MKL's fp32 GEMM does so for 1-3 rows but reads the weights at about half its 1-row bandwidth from 4
+rows on (docs/kernels.md#gemv-kernel); the kernel in ``gemv.cpp`` streams the weights once for all rows. Below 4 rows torch is as fast
 and keeps the numerics of the reference implementation (single-stream codes stay identical to
 qwen-tts); above 8 rows (prefill) the GEMM is compute bound and MKL's.
 
@@ -99,30 +97,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                       min(MAX_ROWS, lib.max_rows)), lib
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def gemv_choice() -> GemvChoice:
-    """The process's GEMV choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_GEMV`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_gemv(mode: str):
-    """Within the block (``with use_gemv(mode):``), this process's :func:`linear` uses ``mode`` (one of
-    :data:`MODES`), e.g. to time ``"torch"`` against ``"omnilab"`` on one loaded model. Not for worker
-    processes (set the environment variable before they start) and not thread-safe against concurrent model
-    calls."""
-    return _SLOT.use(mode)
-
-
-def loaded_library() -> _Lib | None:
-    """The kernel library of this process's choice, or ``None`` when it is torch."""
-    return _SLOT.loaded()
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+gemv_choice, reset, use_gemv, loaded_library = _SLOT.get, _SLOT.reset, _SLOT.use, _SLOT.loaded
 
 
 def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

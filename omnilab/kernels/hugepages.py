@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.kernels.storage import talker_streamed_name
 
@@ -53,7 +53,7 @@ def _thp_mode(path: str = THP_SYSFS) -> str | None:
 
 
 def hugepages_choice(env: str | None = None, thp: str | None = "probe") -> HugepagesChoice:
-    given = (os.environ.get(ENV, "") if env is None else env).strip().lower()
+    given = ((settings.raw(ENV) or "") if env is None else env).strip().lower()
     raw = given or "off"
     if raw not in MODES:
         raise ConfigError(f"{ENV}={raw!r} is not a mode; accepted: {', '.join(MODES)}")

@@ -47,23 +47,8 @@ def launch(lib: KernelLib, xp: int, wp: int, yp: int, rows: int, d: int, w_rows:
         raise RuntimeError(f"omnilab_rmsnorm rejected {rows} x {d} rows with {w_rows} weight rows")
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def norm_choice() -> KernelChoice:
-    """The process's RMSNorm choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_NORM`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_norm(mode: str):
-    """Within the block (``with use_norm(mode):``) this process's :func:`rms_norm` uses ``mode`` (one of
-    :data:`MODES`), e.g. to time torch's ops against the kernel on one loaded model."""
-    return _SLOT.use(mode)
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+norm_choice, reset, use_norm = _SLOT.get, _SLOT.reset, _SLOT.use
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

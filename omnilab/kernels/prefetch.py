@@ -1,10 +1,7 @@
 """The quantized GEMV's software-prefetch distances, timed on this machine (cached), or the prior.
 
-Why: ``qgemv.cpp`` prefetches a fixed distance ahead in each thread's stream of codes, and the best distance is
-the CPU's: on 2 Zen 4 cores 2048 bytes gave +10-25 % for 2+ rows and the fp32-activation mode but cost 5-15 % for
-one int8-activation row (the hardware prefetcher alone did better there), while on 2 Emerald Rapids Xeon cores
-(this sweep: the 0.6B talker's 28 fused decode layers at int4, 234 MB from DRAM) one int8-activation row took
-15.1 ms with no prefetch and 11.6 ms at 4096 bytes (stream read of the same bytes: 10.7 ms). So the distance is
+Why: ``qgemv.cpp`` prefetches a fixed distance ahead in each thread's stream of codes, and the best distance
+depends on the CPU (figures per machine: docs/kernels.md#quantized-gemv-prefetch-distance). So the distance is
 measured, per kind of call (:data:`SLOTS`), over the candidates :data:`CANDIDATES`.
 
 :func:`measure` streams :data:`TIMING_MIB` of codes (above a VM's slice of L3, as a decode step reads DRAM) through
@@ -18,12 +15,12 @@ kernel is resolved (at model load), under ``OMNILAB_PLAN_TIMING`` (``off``: the 
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_QGEMV_PREFETCH"
@@ -133,9 +130,10 @@ def resolve(lib, threads: int | None = None) -> Prefetch:
     """The distances for this process (env, cache, timing or prior), set in ``lib`` (a loaded qgemv library)."""
     from omnilab.kernels.timing_key import timing_mode
 
-    fixed = parse(os.environ.get(ENV, ""))
+    given = settings.raw(ENV) or ""
+    fixed = parse(given)
     if fixed is not None:
-        p = Prefetch(fixed, f"{ENV}={os.environ[ENV].strip()}", "env")
+        p = Prefetch(fixed, f"{ENV}={given.strip()}", "env")
     elif timing_mode() == "off":
         p = Prefetch(PRIOR, "the prior (measured on Zen 4): OMNILAB_PLAN_TIMING=off", "prior")
     else:

@@ -29,13 +29,13 @@ fallback computes the same result up to fp32 rounding (``fp32``: dequantize + ``
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from omnilab import settings
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 from omnilab.kernels.quant import ROWS, QuantizedWeight, int8_act_reference
 from omnilab.kernels.trust import open_library, symbol
@@ -108,7 +108,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     flags = frozenset(flags)
     note = ""
     if _no_vnni(flags):  # the avx512 build uses vpdpbusd: such a CPU runs the avx2 build
-        raw = (os.environ.get(ENV, "") if env is None else env).strip().lower()
+        raw = ((settings.raw(ENV) or "") if env is None else env).strip().lower()
         if raw == "omnilab-avx512":
             raise RuntimeError(f"{ENV}=omnilab-avx512 needs a CPU with avx512f and avx512_vnni (vpdpbusd); this "
                                "one has avx512f without avx512_vnni: use omnilab-avx2 or auto")
@@ -127,28 +127,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source, prefetch=pf.distances), lib
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def qgemv_choice() -> QgemvChoice:
-    """The process's quantized-GEMV choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_QGEMV`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_qgemv(mode: str):
-    """Within the block (``with use_qgemv(mode):``) this process's :func:`qlinear` uses ``mode`` (one of
-    :data:`MODES`). Not for worker processes and not thread-safe against concurrent model calls."""
-    return _SLOT.use(mode)
-
-
-def loaded_library() -> _Lib | None:
-    """The kernel library of this process's choice, or ``None`` when it is torch."""
-    return _SLOT.loaded()
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+qgemv_choice, reset, use_qgemv, loaded_library = _SLOT.get, _SLOT.reset, _SLOT.use, _SLOT.loaded
 
 
 def _check_activations(activations: str | None) -> str:

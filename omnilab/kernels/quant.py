@@ -323,8 +323,9 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     (``env``; same values) wins over the argument, like the other ``OMNILAB_*`` overrides. ``ks``: the K (input
     width) of every matrix to quantize: int4's group must divide each; the default is the largest accepted
     size up to 128 that does (tiny geometries), a given one that does not is an error."""
+    from omnilab import settings
     from omnilab.errors import ConfigError
-    given = (os.environ.get(QUANT_ENV, "") if env is None else env).strip()
+    given = ((settings.raw(QUANT_ENV) or "") if env is None else env).strip()
     if given:  # a spelling may name the int4 group ("int4-g64"); the variable's group wins like its method
         (m, spelled), source = parse_quantization(given, QUANT_ENV), "env"
         group_size = spelled if spelled is not None else None if m != "int4" else group_size
@@ -356,7 +357,7 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
                 else f"group {g} (default 128 does not divide K = {ks}: the largest accepted size that does)")
     else:
         g, gwhy = None, "one scale per output channel"
-    raw_act = (os.environ.get(ACT_ENV, "") if act_env is None else act_env).strip().lower() or "auto"
+    raw_act = ((settings.raw(ACT_ENV) or "") if act_env is None else act_env).strip().lower() or "auto"
     if raw_act not in ("auto", "int8", "fp32"):
         raise ConfigError(f"{ACT_ENV}={raw_act!r}; accepted: auto, int8, fp32")
     act = AUTO_ACTIVATIONS[m] if raw_act == "auto" else raw_act

@@ -70,23 +70,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     return SnakeChoice("omnilab", lib.isa, str(lib.path), reason, source), lib
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def snake_choice() -> SnakeChoice:
-    """The process's SnakeBeta choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_SNAKE`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_snake(mode: str):
-    """Within the block (``with use_snake(mode):``), this process's :func:`snake_beta` uses ``mode`` (one of
-    :data:`MODES`), e.g. to time torch's op against the kernel on one loaded model (see ``KernelSlot.use``)."""
-    return _SLOT.use(mode)
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+snake_choice, reset, use_snake = _SLOT.get, _SLOT.reset, _SLOT.use
 
 
 def snake_torch(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, inplace: bool = False) -> torch.Tensor:

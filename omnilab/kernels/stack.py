@@ -79,27 +79,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                           "layer steps from Python, F.silu(g) * u", env, flags)
 
 
-_SLOT = KernelSlot(resolve)
-
-
-def stack_choice() -> KernelChoice:
-    """The process's decode-stack choice (resolved, and the kernel built, on first use)."""
-    return _SLOT.get()
-
-
-def reset() -> None:
-    """Forget the choice (tests; a changed ``OMNILAB_CPU_STACK`` takes effect on the next call)."""
-    _SLOT.reset()
-
-
-def use_stack(mode: str):
-    """Within the block (``with use_stack(mode):``) this process uses ``mode`` (one of :data:`MODES`), e.g. to
-    time the Python layer steps against the one-call stack on one loaded model."""
-    return _SLOT.use(mode)
-
-
-def loaded_library() -> KernelLib | None:
-    return _SLOT.loaded()
+_SLOT = KernelSlot(resolve)  # this process's choice, resolved on first use (KernelSlot: get, reset, use, loaded)
+stack_choice, reset, use_stack, loaded_library = _SLOT.get, _SLOT.reset, _SLOT.use, _SLOT.loaded
 
 
 def swiglu(gu: torch.Tensor, inter: int) -> torch.Tensor:

@@ -24,12 +24,12 @@ biases and the prompt-only text projection follow the compute dtype.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
 import torch
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_DECODE_WEIGHTS"
@@ -72,7 +72,7 @@ class WeightStorage:
 
 def weight_storage_choice(compute: torch.dtype, env: str | None = None) -> WeightStorage:
     """The storage of the streamed matrices for a talker computing in ``compute``."""
-    given = (os.environ.get(ENV, "") if env is None else env).strip().lower()
+    given = ((settings.raw(ENV) or "") if env is None else env).strip().lower()
     raw = given or "auto"
     if raw not in MODES:
         raise ConfigError(f"{ENV}={raw!r} is not a decode-weight storage; accepted: {', '.join(MODES)}")

@@ -19,13 +19,13 @@ same cache file and variables.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.kernels.timing_key import _key, _schedstat, cached, timing_mode
 from omnilab.profiles.timing import (PathTimes, bf16_decode_from_times,
@@ -135,7 +135,7 @@ class LinearPaths:
 
 
 def _env_choice(var: str, accepted: tuple[str, ...]) -> str | None:
-    raw = os.environ.get(var, "").strip().lower()
+    raw = (settings.raw(var) or "").strip().lower()
     if raw and raw not in accepted + ("auto",):
         raise ConfigError(f"{var}={raw!r}; accepted: auto, {', '.join(accepted)}")
     return None if raw in ("", "auto") else raw

@@ -13,12 +13,13 @@ from typing import Any, Callable
 
 import torch
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.profiles.timing import NOISY_WAIT, TIMING_ENV, TIMING_MODES
 
 
 def timing_mode(env: str | None = None) -> str:
-    raw = (os.environ.get(TIMING_ENV, "") if env is None else env).strip().lower() or "auto"
+    raw = ((settings.raw(TIMING_ENV) or "") if env is None else env).strip().lower() or "auto"
     if raw not in TIMING_MODES:
         raise ConfigError(f"{TIMING_ENV}={raw!r}; accepted: {', '.join(TIMING_MODES)}")
     return raw

@@ -89,14 +89,13 @@ _MEMO: dict[str, dict] = {}
 def _decides(requested=None) -> bool:
     """Whether the timing decides code2wav's dtype here: ``OMNILAB_CODE2WAV_DTYPE`` auto, native bf16, float32 not
     asked for the pipeline (``requested``, else ``OMNILAB_DTYPE``); elsewhere the rule needs none, none is measured."""
-    import os
-
+    from omnilab import settings
     from omnilab.hardware import cpu_has_native_bf16
     from omnilab.kernels.code2wav_dtype import ENV
     from omnilab.profiles.timing import asks_fp32
 
-    asked = os.environ.get("OMNILAB_DTYPE", "") if requested is None else requested
-    mode = os.environ.get(ENV, "").strip().lower() or "auto"
+    asked = (settings.env_dtype() or "") if requested is None else requested
+    mode = (settings.raw(ENV) or "").strip().lower() or "auto"
     return mode == "auto" and not asks_fp32(asked) and cpu_has_native_bf16()[0]
 
 

@@ -22,11 +22,11 @@ three side by side).
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any, Sequence
 
 import torch
 
+from omnilab import settings
 from omnilab.kernels import attention as attn_k
 from omnilab.kernels import fuse, gemv, norm as norm_k, qgemv, stack as stack_k
 from omnilab.errors import ConfigError
@@ -39,9 +39,10 @@ MODES = ("auto", "layer", "off")
 def mode() -> str:
     """``OMNILAB_DECODE_STEP``: ``auto`` (a stack in one call where it applies, else per layer), ``layer`` (the
     per-layer direct calls only), ``off`` (the general path): to time them side by side."""
-    raw = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    given = settings.raw(ENV)
+    raw = (given or "auto").strip().lower() or "auto"
     if raw not in MODES:
-        raise ConfigError(f"{ENV}={os.environ.get(ENV)!r} is not a mode; accepted: {', '.join(MODES)}")
+        raise ConfigError(f"{ENV}={given!r} is not a mode; accepted: {', '.join(MODES)}")
     return raw
 
 

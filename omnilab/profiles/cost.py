@@ -14,26 +14,18 @@ blocks + vLLM's reserve block) size the talker's KV cache in ``memory.py`` and i
 ``omnilab.stages.vllm.config``; ``chunk_schedule`` / ``chunk_frames`` are the streaming chunk rule of
 ``DeployProfile.chunk_sizes`` and ``omnilab.models.code2wav_stream.ChunkSchedule``.
 
-Calibration (docs/profiles.md#cost-model): a frame is its decode weight bytes at an effective bandwidth plus a
-fixed :data:`FRAME_FIXED_MS` (sampling, the heads, Python: it does not shrink with the bytes). The bytes: bf16
-storage (2 bytes a weight) for fp32 and bf16 compute (the released files are bf16 and omnilab's kernels read them
-as stored), int8 1, int4 0.5 + 4 / group. The bandwidth: from this machine's path timing when the planner has one
-(the GEMV kernel over bf16 decode matrices from DRAM, times :data:`FRAME_BANDWIDTH_FACTOR`: within a frame the
-predictor's 15 passes reuse its weights from cache), else ``_CORE_PERF``'s per-thread figure. Both constants were
-fitted on a 2-core Xeon (Emerald Rapids) from two measured frames of one grid run (0.6B, 2 threads: unquantized
-132 ms, int4 45.3 ms; path timing 20.5 GB/s at 1 row); the x86 per-thread figures match a 2-core Zen 4 run
-within 10 %; the Arm and no-SIMD ones are the x86 one scaled by peak SIMD width (assumptions). code2wav: GFLOP per
-chunk (its frames + ``chunk_fixed_frames``) at a per-thread rate (x86: fitted on the same run, fp32 33.7 and bf16
-AMX 17.1 ms per frame at 2 threads, 25-frame chunks; AVX2: 2-core AVX2 EPYC guests, 49-59 ms per frame at 2 threads,
-and the fixed part from one of them: 1- and 25-frame chunks took 158.8 / 2217.7 ms at 1 thread, 115.9 / 1465.8
-and 117.5 / 1382 ms at 2, i.e. 0.85-1.23 frames of work per chunk). Pass ``StageTimes``
-to use measured numbers instead.
+Calibration: a frame is its decode weight bytes (bf16 storage 2 bytes a weight, int8 1, int4 0.5 + 4 / group) at
+an effective bandwidth plus a fixed :data:`FRAME_FIXED_MS`; the bandwidth is this machine's path timing times
+:data:`FRAME_BANDWIDTH_FACTOR` when the planner has one, else ``_CORE_PERF``'s per-thread figure. code2wav is GFLOP
+per chunk (its frames + ``chunk_fixed_frames``) at a per-thread rate. The fitted figures and the machines they come
+from: docs/profiles.md#cost-model. Pass ``StageTimes`` to use measured numbers instead.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
@@ -225,10 +217,8 @@ def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None, times=None) -> 
     """What code2wav will compute in under the profile's dtype (``asked``: the dtype field when set, else ""), by
     the rule ``kernels.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
     ``times``: this machine's code2wav timing, ``kernels.code2wav_timing``; None: the ISA prior)."""
-    import os
-
     from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
-    raw = ((os.environ if env is None else env).get(CODE2WAV_ENV, "") or "auto").strip().lower()
+    raw = (settings.raw(CODE2WAV_ENV, env) or "auto").strip().lower()
     if raw not in ("auto", "float32", "bfloat16"):
         raw = "auto"  # code2wav's own choice names the bad value when the pipeline starts
     return code2wav_dtype_rule(raw, frozenset(hw.flags), hw.arch, asked, times)[0]

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.hardware import format_cpulist
 from omnilab.profiles.cost import StreamEstimate
@@ -149,7 +150,7 @@ def values_from_doc(doc: Mapping[str, Any], label: str) -> dict[str, Any]:
         if "OMP_NUM_THREADS" in env:
             raw[f"{prefix}_threads"] = (env["OMP_NUM_THREADS"], "OMP_NUM_THREADS")
     if "OMNILAB_QUANTIZATION" in e0:
-        raw["quantization"] = (e0["OMNILAB_QUANTIZATION"] or "none", "OMNILAB_QUANTIZATION")
+        raw["quantization"] = (settings.raw("OMNILAB_QUANTIZATION", e0) or "none", "OMNILAB_QUANTIZATION")
     if "LD_PRELOAD" in e0:
         raw["preload"] = (e0["LD_PRELOAD"] or "none", "LD_PRELOAD")
     if "stage_mode" in cpu:

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, parse_cpulist
 from omnilab.profiles.resolved import Resolved
-
-DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
-                 "bfloat16": "bfloat16", "bf16": "bfloat16"}
+from omnilab.settings import PROFILE_FIELDS, REMOVED_VARIABLES
+from omnilab.settings import dtype_name as _dtype
 
 
 def _pos_int(v: Any, where: str) -> int:
@@ -97,16 +97,6 @@ def _mode(v: Any, where: str) -> str:
         raise ConfigError(f"{where}={v!r}: accepted values are 'split' (each stage on its own cores) and "
                           f"'shared' (code2wav runs one thread on a talker core)")
     return s
-
-
-def _dtype(v: Any, where: str) -> str:
-    s = str(v).strip().lower().replace("torch.", "")
-    if s in ("float16", "fp16", "half"):
-        raise ConfigError(f"{where}={v!r}: float16 is not supported on CPU (unstable in torch CPU kernels and it "
-                          f"gives NaN logits in the code predictor); use bfloat16 or float32")
-    if s not in DTYPE_ALIASES:
-        raise ConfigError(f"{where}={v!r}: accepted dtypes are float32 (fp32) and bfloat16 (bf16)")
-    return DTYPE_ALIASES[s]
 
 
 def _gib(v: Any, where: str) -> int:
@@ -182,27 +172,28 @@ def _quantization(v: Any, where: str) -> str:
 parse_bind = _rank_cpus  # VLLM_CPU_OMP_THREADS_BIND syntax, for the engine
 
 
+# field -> parser; each field's variable and help are declared in omnilab/settings.py (PROFILE_FIELDS)
+_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "mode": _mode,
+    "talker_tp_size": _pos_int,
+    "talker_threads": _pos_int,
+    "talker_cpus": _rank_cpus,
+    "code2wav_threads": _pos_int,
+    "code2wav_cpus": _cpus,
+    "reserved_cpus": _reserved,
+    "dtype": _dtype,
+    "quantization": _quantization,
+    "max_num_seqs": _pos_int,
+    "max_model_len": _pos_int,
+    "kv_cache_bytes": _gib,
+    "first_chunk_frames": _pos_int,
+    "chunk_ramp_frames": _ramp,
+    "steady_chunk_frames": _pos_int,
+    "preload": _preload,
+}
 # field -> (environment variable, parser, help)
 FIELDS: dict[str, tuple[str, Callable[[Any, str], Any], str]] = {
-    "mode": ("OMNILAB_STAGE_MODE", _mode, "split | shared"),
-    "talker_tp_size": ("OMNILAB_TALKER_TP", _pos_int, "tensor-parallel ranks for the talker, one per NUMA node"),
-    "talker_threads": ("OMNILAB_TALKER_THREADS", _pos_int, "OpenMP threads per talker rank"),
-    "talker_cpus": ("OMNILAB_TALKER_CPUS", _rank_cpus,
-                    "talker CPU list(s), '|' between ranks: '0-13|28-41'; auto | nobind"),
-    "code2wav_threads": ("OMNILAB_CODE2WAV_THREADS", _pos_int, "code2wav OpenMP threads"),
-    "code2wav_cpus": ("OMNILAB_CODE2WAV_CPUS", _cpus, "code2wav CPU list: '14-15'"),
-    "reserved_cpus": ("OMNILAB_RESERVED_CPUS", _reserved, "CPUs kept free for the front-end: '0' or 'none'"),
-    "dtype": ("OMNILAB_DTYPE", _dtype, "float32 | bfloat16"),
-    "quantization": ("OMNILAB_QUANTIZATION", _quantization,
-                     "decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | int4-g128"),
-    "max_num_seqs": ("OMNILAB_MAX_NUM_SEQS", _pos_int, "concurrent talker sequences"),
-    "max_model_len": ("OMNILAB_MAX_MODEL_LEN", _pos_int, "talker context length (tokens)"),
-    "kv_cache_bytes": ("OMNILAB_KV_CACHE_GIB", _gib, "talker KV cache budget in GiB (float)"),
-    "first_chunk_frames": ("OMNILAB_FIRST_CHUNK_FRAMES", _pos_int, "frames in the first code2wav chunk"),
-    "chunk_ramp_frames": ("OMNILAB_CHUNK_RAMP", _ramp, "chunk sizes after the first: '4,8,16' or 'none'"),
-    "steady_chunk_frames": ("OMNILAB_CHUNK_FRAMES", _pos_int, "steady-state chunk size (frames)"),
-    "preload": ("OMNILAB_PRELOAD", _preload, "LD_PRELOAD for workers, ':'-separated, or 'none'"),
-}
+    field: (var, _PARSERS[field], text) for field, (var, text) in PROFILE_FIELDS.items()}
 
 
 # field -> (vLLM environment variable, parser, help): the "env (vLLM)" layer, below OMNILAB_* variables
@@ -223,12 +214,6 @@ def _agree(name: str, ours: Any, theirs: Any) -> bool:
     if name == "reserved_cpus" and isinstance(theirs, int):
         return theirs == 0 and ours == ()
     return ours == theirs
-
-# variables that no longer set anything: setting one is an error, not a silent no-op
-REMOVED_VARIABLES = {
-    "OMNILAB_LEFT_CONTEXT_FRAMES": "omnilab's code2wav carries its exact decoder state from chunk to chunk, so no "
-                                   "left context is recomputed (streaming equals offline)",
-}
 
 
 class Overrides:
@@ -258,7 +243,7 @@ class Overrides:
         return out
 
     def _env_value(self, var: str, parse: Callable[[Any, str], Any], label: str) -> tuple[Any, str] | None:
-        raw = self.env.get(var)
+        raw = settings.raw(var, self.env) if var.startswith("OMNILAB_") else self.env.get(var)
         if raw is None or str(raw).strip() == "":
             return None
         return parse(raw, var), f"{label} {var}"
@@ -272,7 +257,7 @@ class Overrides:
             ours = self._env_value(var, parse, "env")
             theirs = self._env_value(*VLLM_FIELDS[name][:2], "env (vLLM)") if name in VLLM_FIELDS else None
             if ours and theirs and not _agree(name, ours[0], theirs[0]):
-                raise ConfigError(f"{var}={self.env[var]!r} and {VLLM_FIELDS[name][0]}="
+                raise ConfigError(f"{var}={settings.raw(var, self.env)!r} and {VLLM_FIELDS[name][0]}="
                                   f"{self.env[VLLM_FIELDS[name][0]]!r} both set {name} and disagree; unset one "
                                   f"(omnilab would apply one and vLLM might read the other)")
             found = (*ours, 0) if ours else (*theirs, 1) if theirs else None
@@ -291,7 +276,8 @@ class Overrides:
     def env_set(self) -> bool:
         """Whether any OMNILAB_* or vLLM CPU variable of this layer is set (non-empty)."""
         names = [v for v, _, _ in FIELDS.values()] + [v for v, _, _ in VLLM_FIELDS.values()]
-        return any(str(self.env.get(n, "")).strip() for n in names)
+        return any(str((settings.raw(n, self.env) if n.startswith("OMNILAB_") else self.env.get(n)) or "").strip()
+                   for n in names)
 
 
 def vllm_reserved_cores(hw: HardwareInfo, n: int, src: str, bind: tuple[Any, str] | None, tp: int) -> Resolved:

@@ -108,12 +108,11 @@ def prefill_from_times(native: bool, times: PathTimes | None) -> tuple[str, str]
     return "fp32", f"widening to fp32 is as fast ({f:.1f} vs bf16 {b:.1f} ms for {times.prefill_rows} rows)"
 
 
-# The one copy of the measured figures the auto rule rests on (docs/kernels.md#code2wav-bf16 has the tables):
-# 0.6B random checkpoint's decoder, fp32 and bf16 models interleaved in one process, medians.
-MEASURED = ("Intel Xeon with AMX, 0.6B decoder, bf16 vs fp32: 1 thread 26.0 vs 47.8 ms/frame in 25-frame blocks "
-            "(x1.84), 59.3 vs 93.9 in 1-frame chunks (x1.58); 2 threads 15.9 vs 24.7 (x1.55), 31.5 vs 52.2 (x1.65)")
-MEASURED_NO_AMX = ("the same Xeon with oneDNN capped to avx512_core_bf16 (no AMX), 1 thread: bf16 91.0 vs fp32 "
-                   "49.9 ms/frame in 25-frame blocks (x0.55), 119.0 vs 100.1 in 1-frame chunks (x0.84)")
+# The figures the ISA prior rests on, quoted in its reasons: one per case, its machine and the tables' link.
+MEASURED = ("Intel Xeon with AMX, 0.6B decoder, 2 threads: bf16 15.9 vs fp32 24.7 ms/frame in 25-frame blocks; "
+            "docs/kernels.md#code2wav-bf16")
+MEASURED_NO_AMX = ("Intel Xeon with oneDNN capped below AMX, 0.6B decoder, 1 thread: bf16 91.0 vs fp32 49.9 ms/frame "
+                   "in 25-frame blocks; docs/kernels.md#code2wav-bf16")
 EMULATED = "bf16 is emulated on this CPU (no avx512_bf16/AMX): expect it slower than fp32"
 
 

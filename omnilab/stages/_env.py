@@ -7,25 +7,16 @@ import contextlib
 import os
 from typing import Iterator, Mapping
 
-from omnilab.errors import ConfigError
-
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
+from omnilab import settings
 
 
 def env_flag(environ: Mapping[str, str] | None, var: str) -> bool | None:
-    """``var`` read as a boolean: None when unset or blank; True / False for the words of :data:`TRUE_WORDS` /
-    :data:`FALSE_WORDS` (any case); anything else raises ``ConfigError`` naming the variable, its value and the
-    accepted words, never a silent "off"."""
-    raw = (os.environ if environ is None else environ).get(var)
-    if raw is None or not raw.strip():
-        return None
-    v = raw.strip().lower()
-    if v in TRUE_WORDS:
-        return True
-    if v in FALSE_WORDS:
-        return False
-    raise ConfigError(f"{var}={raw!r}: accepted values are {' / '.join(TRUE_WORDS)} and {' / '.join(FALSE_WORDS)}")
+    """``var`` read as a boolean (:func:`omnilab.settings.flag`'s words; an ``OMNILAB_*`` name through the
+    registry): None when unset or blank; anything but the accepted words raises ``ConfigError`` naming the
+    variable, its value and those words, never a silent "off"."""
+    if var.startswith("OMNILAB_"):
+        return settings.flag(var, environ)
+    return settings.parse_flag(var, (os.environ if environ is None else environ).get(var))
 
 
 @contextlib.contextmanager

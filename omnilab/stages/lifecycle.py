@@ -39,6 +39,7 @@ import threading
 import time
 from typing import Mapping
 
+from omnilab import settings
 from omnilab.errors import ConfigError, WorkerError
 
 WORKER_TIMEOUT_ENV = "OMNILAB_WORKER_TIMEOUT_S"
@@ -52,8 +53,7 @@ _watching: list[int] = []
 
 
 def worker_timeout_s(environ: Mapping[str, str] | None = None) -> float:
-    environ = os.environ if environ is None else environ
-    raw = (environ.get(WORKER_TIMEOUT_ENV) or "").strip()
+    raw = (settings.raw(WORKER_TIMEOUT_ENV, environ) or "").strip()
     if not raw:
         return DEFAULT_WORKER_TIMEOUT_S
     try:
@@ -136,7 +136,7 @@ def die_with_parent(token: str | None) -> None:
 def adopt_parent_from_env() -> None:
     """In a process vLLM spawned (``PARENT_ENV`` set by the client): die with the parent, then become the
     parent its own children watch."""
-    token = os.environ.get(PARENT_ENV)
+    token = settings.raw(PARENT_ENV)
     if not token or token.partition(":")[0] == str(os.getpid()):
         return
     try:
@@ -190,7 +190,7 @@ def guard_tripped(path: str) -> bool:
 
 def check_spawnable(what: str) -> None:
     if _bootstrapping():
-        marker = os.environ.get(MARKER_ENV)
+        marker = settings.raw(MARKER_ENV)
         if marker:
             open(marker, "w").close()
         sys.stderr.write(f"omnilab: {main_guard_message(what)}\n")

@@ -6,16 +6,11 @@ CPUs (``gomp_managed_threads > gomp_available_cpus``), every waiting OpenMP thre
 before it sleeps on a futex, in every pool, so each parallel region pays a wake-up; a talker step opens hundreds.
 A pipeline computes on its owner thread (``stages/owner.py``), while the thread that called
 ``Pipeline.from_pretrained`` (loading, quantizing, timing on its own pool) keeps its pool: on two CPUs that is one
-worker too many. Measured on a 2-core AVX2-only AMD EPYC, 0.6B int4 code predictor at 2 threads, per frame: 32.5 ms
-computed on the caller's thread alone, 64.7 ms on the owner thread while the caller held its pool, 35.4 ms once the
-caller's pool was released (``omp_pause_resource_all``).
+worker too many, and a step takes about twice as long (docs/reliability.md#threads-and-iterators).
 
 ``release_caller_pool()``: the owner thread's callers call it before they hand over a call, and the owner thread
 after each call, so a pipeline that is not computing holds no pool: two pipelines side by side in one process (a
-comparison, ``quality.compare``, the bench's interleaved rounds) each have an owner thread. Measured there (same
-CPU, bench rounds with an eager and a vLLM in-process pipeline, int4): vLLM step 119 / 228 ms with the caller's
-release alone, 75.5 / 74.4 ms with the owner's too; eager 66.9-78.1 ms in both (a busy host: 8-23 % run-queue
-wait, but the gap is far outside it). It calls OpenMP 5.0's
+comparison, ``quality.compare``, the bench's interleaved rounds) each have an owner thread. It calls OpenMP 5.0's
 ``omp_pause_resource_all(omp_pause_soft)`` in libgomp, which frees the calling thread's pool (its workers exit; the
 next parallel region on that thread starts a new one, a thread start or two). Only where libgomp is the process's
 runtime and only outside a parallel region (libgomp then returns -1 and does nothing); LLVM/Intel OpenMP is left
@@ -37,6 +32,7 @@ import os
 import sys
 import threading
 
+from omnilab import settings
 from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_OMP_RELEASE"
@@ -48,9 +44,10 @@ _why = ""
 
 
 def mode() -> str:
-    raw = (os.environ.get(ENV, "auto") or "auto").strip().lower()
+    given = settings.raw(ENV)
+    raw = (given or "auto").strip().lower()
     if raw not in MODES:
-        raise ConfigError(f"{ENV}={os.environ.get(ENV)!r}; accepted: {', '.join(MODES)}")
+        raise ConfigError(f"{ENV}={given!r}; accepted: {', '.join(MODES)}")
     return raw
 
 

@@ -100,7 +100,7 @@ def test_rounding_edge_cases_no_longer_overlap():
     spans += [_span(ph, t + a, t + b, sid=2 + i, parent=1)
               for i, (ph, a, b) in enumerate(zip(("code_predictor", "input_prep", "talker_forward", "sampling"),
                                                  cuts, cuts[1:]))]
-    assert _old_export_overlaps(spans)  # the case the issue reported
+    assert _old_export_overlaps(spans)  # the overlap the old export produced
     assert perfetto_problems(Trace(spans).to_chrome_trace()) == []
     # many abutting and nested spans at random sub-ns offsets: none overlaps after export
     rng = np.random.default_rng(0)

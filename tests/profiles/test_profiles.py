@@ -233,7 +233,7 @@ def test_cli_probe_and_plan(tmp_path, capsys):
     assert DeployProfile.from_yaml(out_yaml).steady_chunk_frames.value == 25
     assert plan_main(["--root", str(FIX / "vm2_avx2.json")]) == 0
     assert "reason" in capsys.readouterr().out
-    assert plan_main(["--root", str(FIX / "vm2_avx2.json"), "--profile", "nope"]) == 2
+    assert plan_main(["--root", str(FIX / "vm2_avx2.json"), "--deploy-profile", "nope"]) == 2
     assert "unknown deploy profile 'nope'" in capsys.readouterr().err
 
 

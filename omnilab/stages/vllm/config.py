@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from omnilab import settings
 from omnilab.errors import ConfigError, InputError, UnsupportedError
 from omnilab.hardware_info import GiB, format_cpulist
 from omnilab.profiles import cost
@@ -184,8 +185,8 @@ def compile_predictor_flag(value: bool | None, environ: Mapping[str, str]) -> tu
         return bool(value), "argument compile_predictor"
     ours, theirs = _flag(environ, "OMNILAB_CPU_INDUCTOR"), _flag(environ, "VLLM_OMNI_CPU_INDUCTOR")
     if ours is not None and theirs is not None and ours != theirs:
-        raise ConfigError(f"OMNILAB_CPU_INDUCTOR={environ['OMNILAB_CPU_INDUCTOR']!r} and VLLM_OMNI_CPU_INDUCTOR="
-                          f"{environ['VLLM_OMNI_CPU_INDUCTOR']!r} disagree; unset one")
+        raise ConfigError(f"OMNILAB_CPU_INDUCTOR={settings.raw('OMNILAB_CPU_INDUCTOR', environ)!r} and "
+                          f"VLLM_OMNI_CPU_INDUCTOR={environ['VLLM_OMNI_CPU_INDUCTOR']!r} disagree; unset one")
     if ours is not None:
         return ours, "env OMNILAB_CPU_INDUCTOR"
     if theirs is not None:

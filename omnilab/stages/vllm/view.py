@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omnilab import settings
+
 ARCH = "OmnilabQwen3TTSTalker"
 _VIEW_VERSION = 1
 KEEP_ENV = "OMNILAB_VLLM_VIEWS_KEEP"
@@ -82,7 +84,7 @@ def view_dir(checkpoint: str | os.PathLike, tts_config: dict[str, Any] | None = 
 def views_keep(environ: Any = None) -> int:
     """``OMNILAB_VLLM_VIEWS_KEEP`` (a positive integer), else :data:`DEFAULT_KEEP`."""
     from omnilab.errors import ConfigError
-    raw = (os.environ if environ is None else environ).get(KEEP_ENV, "").strip()
+    raw = (settings.raw(KEEP_ENV, environ) or "").strip()
     if not raw:
         return DEFAULT_KEEP
     if not raw.isdigit() or int(raw) < 1:
