@@ -82,6 +82,8 @@ _OWN = (
             "the quantized GEMV's software-prefetch distance (auto: timed on this machine, cached)",
             "omnilab/kernels/prefetch.py"),
     # stages and workers
+    Setting("OMNILAB_API_KEY", "text", "unset (no auth)", "a key",
+            "`omnilab serve`'s Bearer key on every route but /health (and the load run's key)", "omnilab/cli/serve.py"),
     Setting("OMNILAB_WORKER_TIMEOUT_S", "number", "120", "seconds > 0",
             "how long a stage worker may take to answer before it is a WorkerError", "omnilab/stages/lifecycle.py"),
     Setting("OMNILAB_OMP_RELEASE", "choice", "auto", "auto | off",

@@ -36,7 +36,7 @@ def probe_main(argv: Sequence[str] | None = None) -> int:
     except (OmnilabError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from omnilab.hardware_info import kernel_isas
+    from omnilab.hardware import kernel_isas
     if args.json:
         print(json.dumps({**hw.to_dict(), "kernels": kernel_isas(hw.flags)}, indent=1))
     else:
@@ -89,7 +89,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
                       FutureWarning, stacklevel=1)
         args.deploy_profile = args.legacy_profile
     from omnilab.hardware import probe_hardware
-    from omnilab.hardware_info import kernel_isas
+    from omnilab.hardware import kernel_isas
     from omnilab.profiles.resolve import resolve_profile
     try:
         kwargs = {k: v for k, v in (("max_concurrency", args.max_concurrency),

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 
+from omnilab import settings
 from omnilab.cli.main import Formatter
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 from omnilab.serve.config import DEFAULT_PORT, ServeConfig
@@ -17,7 +17,7 @@ def serve_parser() -> argparse.ArgumentParser:
                                              "/v1/audio/speech/stream, /v1/models, /health, /metrics and a page at / "
                                              "from one Pipeline. SIGTERM drains in-flight requests, then exits.")
     a = ap.add_argument
-    a("--model", default=None, help="checkpoint dir or hub id; None = the embedded tiny checkpoint")
+    a("--model", default=None, help="checkpoint dir or hub id (default: the embedded tiny checkpoint)")
     a("--host", default=d.host, help="address to bind (loopback unless told otherwise)")
     a("--port", type=int, default=DEFAULT_PORT, help="port (0: any free one, printed at start)")
     a("--api-key", default=None, help="Bearer key on every route but /health (default: $OMNILAB_API_KEY; unset: open)")
@@ -26,18 +26,18 @@ def serve_parser() -> argparse.ArgumentParser:
     a("--deploy-profile", default=d.deploy_profile, help="auto | a preset name | a deploy YAML path | none")
     a("--deploy", default=None, choices=("auto", "inprocess", "workers"), help="vLLM: where the stages run")
     a("--quantization", default=None, help="none | int8 | int4 | int4-g32|64|128")
-    a("--dtype", default=None, help="float32 | bfloat16; None = auto per CPU")
-    a("--threads", type=int, default=None, help="talker threads; None = the deploy profile's")
+    a("--dtype", default=None, help="float32 | bfloat16 (default: auto, chosen per CPU)")
+    a("--threads", type=int, default=None, help="talker threads (default: the deploy profile's)")
     a("--max-concurrency", type=int, default=d.max_concurrency, help="requests generating at once")
     a("--max-queue", type=int, default=d.max_queue, help="requests waiting for a slot; beyond it: 429")
     a("--max-input-chars", type=int, default=d.max_input_chars, help="longest input text")
     a("--max-new-tokens", type=int, default=d.max_new_tokens, help="largest max_new_tokens a request may ask")
     a("--max-upload-bytes", type=int, default=d.max_upload_bytes, help="largest voice upload / ref_audio")
-    a("--voices-dir", default=None, help="uploaded voices (one safetensors file each); None = $OMNILAB_CACHE/voices")
-    a("--allowed-media-dir", default=None, help="file:// ref_audio must lie under this directory (None: refused)")
+    a("--voices-dir", default=None, help="uploaded voices, one safetensors file each (default: $OMNILAB_CACHE/voices)")
+    a("--allowed-media-dir", default=None, help="file:// ref_audio must lie under this directory (default: file:// refused)")
     a("--drain-timeout-s", type=float, default=d.drain_timeout_s, help="SIGTERM: seconds in-flight requests may "
       "finish before they are ended")
-    a("--served-model-name", default=None, help="the id in /v1/models (None: --model)")
+    a("--served-model-name", default=None, help="the id in /v1/models (default: the --model name)")
     add_verbosity(ap)
     return ap
 
@@ -46,7 +46,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = serve_parser().parse_args(argv)
     apply_verbosity(args)
     config = ServeConfig(model=args.model, host=args.host, port=args.port,
-                         api_key=args.api_key or os.environ.get("OMNILAB_API_KEY") or None, backend=args.backend,
+                         api_key=args.api_key or settings.raw("OMNILAB_API_KEY") or None, backend=args.backend,
                          deploy_profile=args.deploy_profile, deploy=args.deploy, quantization=args.quantization,
                          dtype=args.dtype, threads=args.threads, max_concurrency=args.max_concurrency,
                          max_queue=args.max_queue,

@@ -28,7 +28,7 @@
 - :func:`kernel_choices`: the list of this process's kernel choices that ``pipe.deployment`` and
   ``python -m omnilab.kernels`` both show.
 
-May import: the leaves only (``errors``, ``paths``, ``config``, ``hardware``, ``hardware_info``), and
+May import: the leaves only (``errors``, ``paths``, ``config``, ``hardware``), and
 ``profiles.timing`` (the plain rules over measured times, shared with the planner). The lowest compute layer:
 never ``models``, ``checkpoint``, ``stages``, the rest of ``profiles``, or ``display``.
 """

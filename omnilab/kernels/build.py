@@ -20,7 +20,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from omnilab.hardware_info import select_isa  # noqa: F401  (the ISA rule, plain: `omnilab plan` says it without torch)
+from omnilab.hardware import select_isa  # noqa: F401  (the ISA rule, plain: `omnilab plan` says it without torch)
 from omnilab.kernels.trust import KernelBuildError, check_dir, record_digest, untrusted_reason
 
 SOURCE_DIR = Path(__file__).resolve().parent

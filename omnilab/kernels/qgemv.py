@@ -96,7 +96,7 @@ class _Lib:
 
 
 def _no_vnni(flags: frozenset[str]) -> bool:
-    from omnilab.hardware_info import avx512_without_vnni
+    from omnilab.hardware import avx512_without_vnni
     return avx512_without_vnni(flags)
 
 

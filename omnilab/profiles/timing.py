@@ -136,7 +136,7 @@ def code2wav_dtype_rule(raw: str, flags: frozenset[str], arch: str, asked: Any =
     else fp32; without a timing the ISA prior: bf16 with AMX (measured faster), fp32 with avx512_bf16 alone. The one
     copy of the rule: ``kernels.code2wav_dtype`` (what runs) and the planner's cost model (what it estimates, from
     the prior) both call it."""
-    from omnilab.hardware_info import native_bf16
+    from omnilab.hardware import native_bf16
 
     native, isa = native_bf16(flags, arch)
     if raw == "float32":

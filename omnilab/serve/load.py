@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omnilab import settings
+
 FRAME_SAMPLES = 1920
 SAMPLE_RATE = 24000
 
@@ -29,7 +31,7 @@ def load_parser() -> argparse.ArgumentParser:
     a("--concurrency", default="1,4,8", help="comma-separated client counts, one level each")
     a("--requests", type=int, default=4, help="requests per client per level")
     a("--text", default="Hello from omnilab, running on the CPU.", help="input of every request")
-    a("--voice", default=None, help="voice (None: the server's default)")
+    a("--voice", default=None, help="voice (default: the server's default voice)")
     a("--max-new-tokens", type=int, default=50, help="frames per request at most")
     a("--timeout-s", type=float, default=300.0, help="per-request timeout")
     a("--deadline-s", type=float, default=1800.0, help="the whole run's deadline; levels not started are skipped")
@@ -110,8 +112,6 @@ def table(levels: list[dict[str, Any]]) -> str:
 
 
 def load_main(argv: list[str] | None = None) -> int:
-    import os
-
     import httpx
 
     args = load_parser().parse_args(argv)
@@ -123,7 +123,7 @@ def load_main(argv: list[str] | None = None) -> int:
         print("omnilab bench --server: --concurrency takes integers >= 1 (e.g. 1,4,8) and --requests >= 1")
         return 2
     url = args.server.rstrip("/")
-    key = args.api_key or os.environ.get("OMNILAB_API_KEY")
+    key = args.api_key or settings.raw("OMNILAB_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         info = httpx.get(url + "/v1/models", headers=headers, timeout=30).json()

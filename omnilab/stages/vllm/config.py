@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from omnilab import settings
 from omnilab.errors import ConfigError, InputError, UnsupportedError
-from omnilab.hardware_info import GiB, format_cpulist
+from omnilab.hardware import GiB, format_cpulist
 from omnilab.profiles import cost
 from omnilab.profiles.cost import BLOCK_SIZE
 from omnilab.profiles.cost import padded_head_size  # noqa: F401 (stages/vllm/model.py imports it from here)
