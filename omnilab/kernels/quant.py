@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from omnilab.config import DEFAULT_INT4_GROUP_SIZE as DEFAULT_GROUP_SIZE  # the names and sizes every layer shares
-from omnilab.config import INT4_GROUP_SIZES, int4_groups_fitting, parse_quantization
+from omnilab.config import INT4_GROUP_SIZES, QUANT_RECIPES, has_int4, int4_groups_fitting, parse_quantization, part_format
 from omnilab.config import QUANT_METHODS as METHODS
 
 ROWS = 16            # output rows per interleaved block (AVX-512 lanes)
@@ -254,7 +254,7 @@ def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # ---- quantize at load: the talker's decode matrices ------------------------------------------------------
 QUANT_ENV = "OMNILAB_QUANTIZATION"
 ACT_ENV = "OMNILAB_QUANT_ACTIVATIONS"
-QUANT_MODES = ("none",) + METHODS
+QUANT_MODES = ("none",) + tuple(QUANT_RECIPES)
 # qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|fp32 overrides): int8 activations add
 # ~0.55 % relative error, negligible next to int4 weights' ~10 % but about doubling int8 weights' ~0.8 %.
 AUTO_ACTIVATIONS = {"int8": "fp32", "int4": "int8"}
@@ -265,29 +265,43 @@ class Quantization:
     """Whether and how the talker's decode matrices (:func:`omnilab.kernels.storage.talker_streamed_name`) are
     quantized at load (from the file's values; fp32 compute through :func:`omnilab.kernels.qgemv.qlinear`)."""
 
-    method: str                 # "none" | "int8" | "int4"
-    group_size: int | None      # int4: 32 | 64 | 128; None otherwise (int8: one scale per output channel)
-    activations: str | None     # "fp32" | "int8" (None when method is "none")
+    method: str                 # recipe: "none" | "int8" | "int4" | "int4-all" (config.QUANT_RECIPES: format per part)
+    group_size: int | None      # the int4 parts' group: 32 | 64 | 128; None without int4 parts
+    activations: str | None     # "fp32" | "int8" (None when method is "none"): the int4 parts' (int8: all parts')
     reason: str
     source: str                 # "default" | "argument" | "env" | "checkpoint" | "client" (a worker: from_key)
     # which tensors (names without ``talker.``) to quantize: the loader sets storage.talker_streamed_name (:meth:`only`)
     names: Any = field(default=None, compare=False, repr=False)
+    int8_activations: str | None = None  # a mixed recipe's int8 parts (None: ``activations``)
 
     @property
     def enabled(self) -> bool:
         return self.method != "none"
 
     @property
+    def mixed(self) -> bool:
+        """Parts in different formats (``int4``: int4 talker, int8 predictor)."""
+        return self.enabled and len(set(QUANT_RECIPES[self.method])) > 1
+
+    @property
     def label(self) -> str:
         if not self.enabled:
             return "none"
-        g = f", group {self.group_size}" if self.method == "int4" else ", per output channel"
+        if self.mixed:
+            return (f"{self.method}: int4 talker (group {self.group_size}, {self.activations} activations), int8 "
+                    f"code predictor ({self.int8_activations or self.activations} activations)")
+        g = f", group {self.group_size}" if has_int4(self.method) else ", per output channel"
         return f"{self.method} weights{g}, {self.activations} activations"
 
     def key(self) -> str:
-        """A compact string (``method/group/activations``) that :func:`from_key` turns back into this choice:
-        how the setting travels to stage worker processes (the view config)."""
-        return f"{self.method}/{self.group_size or 0}/{self.activations or ''}"
+        """A compact string (``method/group/activations[/int8 parts' activations]``) that :func:`from_key` turns back
+        into this choice: how the setting travels to stage worker processes (the view config)."""
+        return f"{self.method}/{self.group_size or 0}/{self.activations or ''}" + (
+            f"/{self.int8_activations}" if self.int8_activations else "")
+
+    def format_for(self, name: str) -> str:
+        """``"int8"`` / ``"int4"``: the recipe's format for the decode matrix ``name`` (without ``talker.``)."""
+        return part_format(self.method, name)
 
     def only(self, names: Any) -> "Quantization":
         """This choice applied to the tensors ``names(name)`` selects."""
@@ -297,17 +311,23 @@ class Quantization:
         """Whether the tensor ``name`` is quantized (enabled, and selected by :attr:`names`)."""
         return self.enabled and self.names is not None and bool(self.names(name))
 
-    def apply(self, w: "torch.Tensor | QuantizedWeight") -> QuantizedWeight:
-        """``w`` quantized with this choice; a ``QuantizedWeight`` (a checkpoint's codes) is kept as stored."""
-        qw = w if isinstance(w, QuantizedWeight) else quantize(w, self.method, self.group_size)
-        return dataclasses.replace(qw, activations=self.activations)
+    def apply(self, w: "torch.Tensor | QuantizedWeight", name: str | None = None) -> QuantizedWeight:
+        """``w`` (the decode matrix ``name``, without ``talker.``) quantized in its part's format; a
+        ``QuantizedWeight`` (a checkpoint's codes) is kept as stored. No ``name``: the recipe's lowest format."""
+        fmt = self.format_for(name) if name is not None else "int4" if has_int4(self.method) else "int8"
+        if isinstance(w, QuantizedWeight):
+            qw, fmt = w, w.method
+        else:
+            qw = quantize(w, fmt, self.group_size if fmt == "int4" else None)
+        act = self.int8_activations if fmt == "int8" and self.int8_activations else self.activations
+        return dataclasses.replace(qw, activations=act)
 
     def install(self, module: torch.nn.Module, name: str, w: torch.Tensor) -> QuantizedWeight:
         """Quantize ``w`` and put it in place of the parameter ``name`` of ``module`` (a plain attribute: the
         parameter leaves ``state_dict``/``parameters``; :func:`omnilab.kernels.linear` dispatches it)."""
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name)
-        qw = self.apply(w)
+        qw = self.apply(w, name)
         del owner._parameters[attr]
         setattr(owner, attr, qw)
         return qw
@@ -327,19 +347,19 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     given = (os.environ.get(QUANT_ENV, "") if env is None else env).strip()
     if given:  # a spelling may name the int4 group ("int4-g64"); the variable's group wins like its method
         (m, spelled), source = parse_quantization(given, QUANT_ENV), "env"
-        group_size = spelled if spelled is not None else None if m != "int4" else group_size
+        group_size = spelled if spelled is not None else None if not has_int4(m) else group_size
     else:
         (m, spelled), source = parse_quantization(method, "quantization"), "default" if method is None else "argument"
         if spelled is not None and group_size is not None and spelled != group_size:
             raise ConfigError(f"quantization={method!r} and quant_group_size={group_size!r} disagree; give one")
         group_size = spelled if spelled is not None else group_size
-    if m != "int4" and group_size is not None and m != "none":
+    if not has_int4(m) and group_size is not None and m != "none":
         raise ConfigError(f"quant_group_size={group_size!r} applies to int4 only (quantization is {m!r}); "
                           f"int8 has one scale per output channel")
     if m == "none":
         why = f"{QUANT_ENV}={given}" if source == "env" else "no quantization requested"
         return Quantization("none", None, None, f"{why}: decode matrices as stored", source)
-    if m == "int4":
+    if has_int4(m):
         if group_size is not None and (isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES):
             raise ConfigError(f"quant_group_size={group_size!r}; accepted: {', '.join(map(str, INT4_GROUP_SIZES))}"
                               f" (or None = {DEFAULT_GROUP_SIZE})")
@@ -359,16 +379,22 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     raw_act = (os.environ.get(ACT_ENV, "") if act_env is None else act_env).strip().lower() or "auto"
     if raw_act not in ("auto", "int8", "fp32"):
         raise ConfigError(f"{ACT_ENV}={raw_act!r}; accepted: auto, int8, fp32")
-    act = AUTO_ACTIVATIONS[m] if raw_act == "auto" else raw_act
+    act = AUTO_ACTIVATIONS["int4" if has_int4(m) else "int8"] if raw_act == "auto" else raw_act
     awhy = (f"{ACT_ENV}={raw_act}" if raw_act != "auto" else
-            "int8 activations add ~0.55 % relative error: negligible next to int4 weights' ~10 %" if m == "int4"
+            "int8 activations add ~0.55 % relative error: negligible next to int4 weights' ~10 %" if has_int4(m)
             else "fp32 activations: int8 ones would add ~0.55 % relative error, doubling int8 weights' ~0.8 %")
+    mixed = len(set(QUANT_RECIPES[m])) > 1
+    act8 = (AUTO_ACTIVATIONS["int8"] if raw_act == "auto" else raw_act) if mixed else None
+    if mixed:
+        gwhy += ("; the code predictor stays int8 (the vendor advises against quantizing it; GGUF ports ship a "
+                 "q8_0 predictor with a q5_k talker; docs/quantization.md#recipes; int4-all quantizes it too)")
     src = f"{QUANT_ENV}={given}" if source == "env" else f"quantization={method!r}"
-    return Quantization(m, g, act, f"{src}: talker decode matrices quantized at load ({gwhy}); {awhy}", source)
+    return Quantization(m, g, act, f"{src}: talker decode matrices quantized at load ({gwhy}); {awhy}", source,
+                        int8_activations=act8)
 
 
 def from_key(key: str, reason: str = "set by the client process") -> Quantization:
     """The :class:`Quantization` of :meth:`Quantization.key` (worker processes: no environment re-read)."""
-    m, g, act = key.split("/")
+    m, g, act, *act8 = key.split("/")
     m = _parse_method(m, "quantization key")
-    return Quantization(m, int(g) or None, act or None, reason, "client")
+    return Quantization(m, int(g) or None, act or None, reason, "client", int8_activations=act8[0] if act8 else None)

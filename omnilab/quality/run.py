@@ -57,7 +57,7 @@ def describe(pipe: Any) -> str:
     model = getattr(pipe, "model", None)
     dtype = str(getattr(model, "dtype", "?")).replace("torch.", "")
     q = getattr(model, "quantization", None)
-    quant = f" {q.method}" + (f"-g{q.group_size}" if q.method == "int4" else "") if q is not None and q.enabled else ""
+    quant = f" {q.method}" + (f"-g{q.group_size}" if q.group_size else "") if q is not None and q.enabled else ""
     return f"{getattr(pipe, 'backend', '?')} {dtype}{quant}"
 
 
