@@ -45,6 +45,14 @@ def _unquantized_linears(config) -> list[str]:
             if isinstance(m, nn.Linear) and not talker_streamed_name(f"{n}.weight")]
 
 
+def _disk_scales(qw, choice) -> torch.Tensor:
+    """A matrix's scales as stored: fp16 for int4 with least-squares scales (chosen fp16-exact, so the file loads
+    into the same weights in half the scale bytes), fp32 otherwise (round to nearest's max|w| / 7 is not
+    fp16-exact; docs/quantization.md#scales)."""
+    s = qw.row_scales().contiguous()  # fp32 [N, groups]
+    return s.half() if qw.method == "int4" and choice.int4_scales == "wls" else s
+
+
 def _copy_files(src: Path, dst: Path, skip: set[Path]) -> None:
     for p in sorted(src.rglob("*")):
         if p.is_file() and p not in skip:
@@ -100,7 +108,7 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: 
             qw = choice.apply(index.read(k), k[len("talker."):])  # what quantizing at load installs (load_strict)
             bits, module = BITS[qw.method], k[:-len(".weight")]
             tensors += [(f"{module}.weight_packed", pack_int32(qw.codes(), bits)),    # int32 [N, K*bits/32]
-                        (f"{module}.weight_scale", qw.row_scales().contiguous()),     # fp32 [N, groups]
+                        (f"{module}.weight_scale", _disk_scales(qw, choice)),         # [N, groups]
                         (f"{module}.weight_shape", torch.tensor(qw.shape, dtype=torch.int64))]  # [2]: N, K
         write_safetensors(tmp / "model.safetensors", tensors)
         del tensors

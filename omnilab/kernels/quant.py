@@ -202,22 +202,60 @@ def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
     return from_codes("int8", q, scale)
 
 
-def quantize_int4(w: torch.Tensor, group_size: int = 128) -> QuantizedWeight:
-    """Symmetric int4 per ``group_size`` elements along K (32, 64 or 128; must divide K) of ``w`` [N, K]."""
+# int4 scale choices (docs/quantization.md#int4-scales): "rtn" round to nearest, scale = max|w| / 7 (fp32);
+# "wls": weighted least squares over a grid of clipping scales, stored fp16 (half the scale bytes on disk).
+INT4_SCALES = ("wls", "rtn")
+WLS_WEIGHTS = "uniform"  # u_i = 1 (least squares on the weights); "magnitude" (u_i = x_i^2) measured worse
+WLS_STEPS = tuple(d / 10 for d in range(-10, 21))  # candidate scales max|w| / (7 + d): clip (d > 0) or widen
+
+
+def wls_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 in [-7, 7], fp16-exact fp32 scales) of the groups ``x`` [..., G] minimising the weighted error
+    ``sum_i u_i (x_i - s q_i)^2`` (``u``: :data:`WLS_WEIGHTS`; uniform, as activations of random weights carry no
+    per-channel importance) over the candidate scales
+    ``max|x| / (7 + d)``, d in :data:`WLS_STEPS`: codes ``round(x / s_d)``, then ``s`` refitted in closed form
+    (``sum u x q / sum u q^2``) and rounded to fp16. d = 0 gives round to nearest's codes, so the weighted error is
+    at most RTN's plus the fp16 rounding of the scale."""
+    x = x.float()
+    u = torch.ones_like(x) if WLS_WEIGHTS == "uniform" else x * x + 1e-12  # [..., G]
+    amax = x.abs().amax(dim=-1, keepdim=True)  # [..., 1]
+    best_err = torch.full(amax.shape[:-1], float("inf"))
+    best_q = torch.zeros_like(x, dtype=torch.int8)
+    best_s = torch.zeros(amax.shape[:-1])
+    for d in WLS_STEPS:
+        s0 = amax / (7 + d)
+        q = torch.round(x / torch.where(s0 > 0, s0, torch.ones_like(s0))).clamp_(-7, 7)
+        den = (u * q * q).sum(-1)
+        scale = torch.where(den > 0, (u * x * q).sum(-1) / den.clamp_min(1e-30), torch.zeros_like(den))
+        scale = scale.clamp(max=65504.0).half().float()
+        err = (u * (x - scale.unsqueeze(-1) * q) ** 2).sum(-1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_s = torch.where(better, scale, best_s)
+        best_q = torch.where(better.unsqueeze(-1), q.to(torch.int8), best_q)
+    return best_q, best_s
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128, scales: str = "rtn") -> QuantizedWeight:
+    """Symmetric int4 per ``group_size`` elements along K (32, 64 or 128; must divide K) of ``w`` [N, K]; ``scales``:
+    ``"rtn"`` (max|w| / 7, fp32) or ``"wls"`` (:func:`wls_int4`, fp16-exact)."""
     if w.dim() != 2:
         raise ValueError(f"quantize_int4 takes a [N, K] matrix, got shape {tuple(w.shape)}")
+    if scales not in INT4_SCALES:
+        raise ValueError(f"int4 scales {scales!r}; accepted: {', '.join(INT4_SCALES)}")
     n, k = w.shape
     _check_group(k, group_size)
-    q, scale = _symmetric(w.detach().float().cpu().reshape(n, k // group_size, group_size), 7)
+    groups = w.detach().float().cpu().reshape(n, k // group_size, group_size)
+    q, scale = wls_int4(groups) if scales == "wls" else _symmetric(groups, 7)
     return from_codes("int4", q.reshape(n, k), scale, group_size)
 
 
-def quantize(w: torch.Tensor, method: str, group_size: int | None = None) -> QuantizedWeight:
-    """``quantize_int8(w)`` or ``quantize_int4(w, group_size)`` by name."""
+def quantize(w: torch.Tensor, method: str, group_size: int | None = None, scales: str = "rtn") -> QuantizedWeight:
+    """``quantize_int8(w)`` or ``quantize_int4(w, group_size, scales)`` by name."""
     if method == "int8":
         return quantize_int8(w)
     if method == "int4":
-        return quantize_int4(w, 128 if group_size is None else group_size)
+        return quantize_int4(w, 128 if group_size is None else group_size, scales)
     raise ValueError(f"unknown method {method!r}; accepted: {', '.join(METHODS)}")
 
 
@@ -253,6 +291,8 @@ def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 
 # ---- quantize at load: the talker's decode matrices ------------------------------------------------------
 QUANT_ENV = "OMNILAB_QUANTIZATION"
+SCALES_ENV = "OMNILAB_INT4_SCALES"
+DEFAULT_INT4_SCALES = "wls"  # weighted least squares: measured against rtn in docs/quantization.md#int4-scales
 ACT_ENV = "OMNILAB_QUANT_ACTIVATIONS"
 QUANT_MODES = ("none",) + tuple(QUANT_RECIPES)
 # qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|fp32 overrides): int8 activations add
@@ -273,6 +313,7 @@ class Quantization:
     # which tensors (names without ``talker.``) to quantize: the loader sets storage.talker_streamed_name (:meth:`only`)
     names: Any = field(default=None, compare=False, repr=False)
     int8_activations: str | None = None  # a mixed recipe's int8 parts (None: ``activations``)
+    int4_scales: str = "rtn"    # how int4 parts choose their scales (INT4_SCALES; OMNILAB_INT4_SCALES)
 
     @property
     def enabled(self) -> bool:
@@ -296,8 +337,8 @@ class Quantization:
     def key(self) -> str:
         """A compact string (``method/group/activations[/int8 parts' activations]``) that :func:`from_key` turns back
         into this choice: how the setting travels to stage worker processes (the view config)."""
-        return f"{self.method}/{self.group_size or 0}/{self.activations or ''}" + (
-            f"/{self.int8_activations}" if self.int8_activations else "")
+        return f"{self.method}/{self.group_size or 0}/{self.activations or ''}/{self.int8_activations or ''}/" + (
+            self.int4_scales)
 
     def format_for(self, name: str) -> str:
         """``"int8"`` / ``"int4"``: the recipe's format for the decode matrix ``name`` (without ``talker.``)."""
@@ -318,7 +359,7 @@ class Quantization:
         if isinstance(w, QuantizedWeight):
             qw, fmt = w, w.method
         else:
-            qw = quantize(w, fmt, self.group_size if fmt == "int4" else None)
+            qw = quantize(w, fmt, self.group_size if fmt == "int4" else None, self.int4_scales)
         act = self.int8_activations if fmt == "int8" and self.int8_activations else self.activations
         return dataclasses.replace(qw, activations=act)
 
@@ -389,12 +430,21 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
         gwhy += ("; the code predictor stays int8 (the vendor advises against quantizing it; GGUF ports ship a "
                  "q8_0 predictor with a q5_k talker; docs/quantization.md#recipes; int4-all quantizes it too)")
     src = f"{QUANT_ENV}={given}" if source == "env" else f"quantization={method!r}"
+    raw_scales = os.environ.get(SCALES_ENV, "").strip().lower() or DEFAULT_INT4_SCALES
+    if raw_scales not in INT4_SCALES:
+        raise ConfigError(f"{SCALES_ENV}={raw_scales!r}; accepted: {', '.join(INT4_SCALES)}")
+    if has_int4(m):
+        gwhy += (f"; int4 scales {raw_scales} ({SCALES_ENV})" if os.environ.get(SCALES_ENV, "").strip() else
+                 f"; int4 scales {raw_scales}: weighted least squares, fp16 (docs/quantization.md#int4-scales; "
+                 f"{SCALES_ENV}=rtn: round to nearest)" if raw_scales == "wls" else "; int4 scales rtn")
     return Quantization(m, g, act, f"{src}: talker decode matrices quantized at load ({gwhy}); {awhy}", source,
-                        int8_activations=act8)
+                        int8_activations=act8, int4_scales=raw_scales)
 
 
 def from_key(key: str, reason: str = "set by the client process") -> Quantization:
     """The :class:`Quantization` of :meth:`Quantization.key` (worker processes: no environment re-read)."""
-    m, g, act, *act8 = key.split("/")
+    m, g, act, *rest = key.split("/")
     m = _parse_method(m, "quantization key")
-    return Quantization(m, int(g) or None, act or None, reason, "client", int8_activations=act8[0] if act8 else None)
+    act8, scales = (rest + ["", "rtn"])[:2] if len(rest) < 2 else rest[:2]
+    return Quantization(m, int(g) or None, act or None, reason, "client", int8_activations=act8 or None,
+                        int4_scales=scales or "rtn")
