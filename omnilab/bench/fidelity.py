@@ -8,7 +8,10 @@ agreement and KL, per-codebook agreement of the code predictor, code2wav's wavef
 the first ``FIDELITY_TEXTS`` prompts at the bench's frame count: 8 x 33 = 264 frames at ``--frames 32``, so the
 first-codebook agreement's 95 % interval (``c0_agreement_ci95``, pooled frames) is about +-3 points near 0.91 (two
 texts, as before the eleventh session, left it 15 points wide; docs/quality.md#how-many-frames-an-agreement-needs).
-The reference side runs once (:func:`omnilab.quality.reference`) for every setting compared. The reference is
+The reference side runs once (:func:`omnilab.quality.reference`) for every setting compared. Where the bench made its
+own random checkpoint, fidelity is measured on its confident twin (``calibrated=True``, ``run.fidelity_checkpoint``):
+decisions with a trained model's margins, so a flip is an error rather than a near-tie (docs/quality.md#confident-
+random-checkpoints). The reference is
 eager, float32, unquantized, with a float32 code2wav (``OMNILAB_CODE2WAV_DTYPE=float32``); a test pipeline gets the
 environment the rows ran under.
 
