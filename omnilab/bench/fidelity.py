@@ -17,7 +17,8 @@ environment the rows ran under.
 
 ``--fidelity auto`` measures when some row's numerics differ from the reference's, ``on`` always, ``off`` never.
 Each row gets ``fidelity``: ``{c0_agreement, c0_kl_mean, cp_agreement, wave_snr_db, c0_agreement_ci95, texts, frames,
-seconds}``.
+seconds}``; ``meta["fidelity_bf16"]`` holds bf16 compute's (unquantized) figures, measured whenever fidelity is, so a
+quantized row is read beside the rounding of bf16 alone; ``meta["fidelity_checkpoint"]`` where they were measured.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Any
 
 FIDELITY_TEXTS = 8                      # prompts compared per numerics setting
 REFERENCE = ("float32", "none")         # (dtype, quantization) of the reference pipeline
+BF16 = ("bfloat16", "none")             # always measured beside the rows: the yardstick a quantization is read against
 FIELDS = ("c0_agreement", "c0_kl_mean", "cp_agreement", "wave_snr_db")
 
 
@@ -62,7 +64,7 @@ def add_fidelity(cfg: Any, ckpt: Path, prompts: list[str], rows: list[dict], met
         voice = ("speaker", "language", "instruct", "ref_audio", "ref_text")  # the variant's voice (voice_kwargs)
         kw = {k: v for k, v in request_kwargs(ref, cfg, 0).items() if k in voice}
         run = reference(ref, texts, max_new_tokens=cfg.frames + 1, **kw)
-        for key in sorted(keys):
+        for key in sorted(keys | {BF16}):
             t = time.perf_counter()
             try:
                 test = _build(ckpt, *key, cfg.threads, {})
@@ -81,6 +83,8 @@ def add_fidelity(cfg: Any, ckpt: Path, prompts: list[str], rows: list[dict], met
                 f"{f} {results[key][f]:.4g}" for f in FIELDS if isinstance(results[key][f], float)))
     finally:
         ref.close()
+    meta["fidelity_checkpoint"] = str(ckpt)
+    meta["fidelity_bf16"] = results.get(BF16)  # bf16 compute's row, whether or not a speed row ran it
     for r in rows:
         if _key(r) in results:
             r["fidelity"] = results[_key(r)]
