@@ -292,7 +292,9 @@ def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # ---- quantize at load: the talker's decode matrices ------------------------------------------------------
 QUANT_ENV = "OMNILAB_QUANTIZATION"
 SCALES_ENV = "OMNILAB_INT4_SCALES"
-DEFAULT_INT4_SCALES = "wls"  # weighted least squares: measured against rtn in docs/quantization.md#int4-scales
+# round to nearest: least squares measured no clear gain on tiny (docs/quantization.md#int4-scales) and costs ~20x
+# the quantizing time (0.6B at load: minutes on 2 cores); OMNILAB_INT4_SCALES=wls opts in (omnilab quantize too)
+DEFAULT_INT4_SCALES = "rtn"
 ACT_ENV = "OMNILAB_QUANT_ACTIVATIONS"
 QUANT_MODES = ("none",) + tuple(QUANT_RECIPES)
 # qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|fp32 overrides): int8 activations add
@@ -435,8 +437,8 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
         raise ConfigError(f"{SCALES_ENV}={raw_scales!r}; accepted: {', '.join(INT4_SCALES)}")
     if has_int4(m):
         gwhy += (f"; int4 scales {raw_scales} ({SCALES_ENV})" if os.environ.get(SCALES_ENV, "").strip() else
-                 f"; int4 scales {raw_scales}: weighted least squares, fp16 (docs/quantization.md#int4-scales; "
-                 f"{SCALES_ENV}=rtn: round to nearest)" if raw_scales == "wls" else "; int4 scales rtn")
+                 f"; int4 scales round to nearest (default: least squares, {SCALES_ENV}=wls, measured no clear "
+                 f"gain on tiny at 20x the quantizing time; docs/quantization.md#int4-scales)")
     return Quantization(m, g, act, f"{src}: talker decode matrices quantized at load ({gwhy}); {awhy}", source,
                         int8_activations=act8, int4_scales=raw_scales)
 

@@ -150,9 +150,8 @@ def test_written_checkpoint_layout(ckpts, method):
         m, bits = k[:-len(".weight")], (8 if method == "int8" else 4)
         assert after[f"{m}.weight_packed"].dtype == torch.int32
         assert tuple(after[f"{m}.weight_packed"].shape) == (n, kk * bits // 32)
-        # int8 and round-to-nearest int4: fp32, exactly the at-load scales; least-squares int4 (the default) chooses
-        # fp16-exact scales and stores them fp16
-        assert after[f"{m}.weight_scale"].dtype == (torch.float32 if method == "int8" else torch.float16)
+        # int8 and round-to-nearest int4 (the default): fp32, exactly the at-load scales (least squares: fp16, below)
+        assert after[f"{m}.weight_scale"].dtype == torch.float32
         assert tuple(after[f"{m}.weight_scale"].shape) == ((n, 1) if method == "int8" else (n, kk // 64))
         assert after[f"{m}.weight_shape"].dtype == torch.int64 and after[f"{m}.weight_shape"].tolist() == [n, kk]
     for k in set(before) - decode:  # embeddings, norms, text projection: bytes as stored
@@ -161,7 +160,7 @@ def test_written_checkpoint_layout(ckpts, method):
 
 def test_compressed_tensors_decompresses_our_file_to_codes_times_scales(ckpts, loaded):
     """compressed-tensors' own decompressor (if installed) on the int4 file gives codes * scale, the matrix our
-    QuantizedWeight.dequantize() gives, rounded once to the scales' dtype."""
+    QuantizedWeight.dequantize() gives: one fp32 product of the same operands per element on both sides."""
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationConfig
@@ -174,11 +173,7 @@ def test_compressed_tensors_decompresses_our_file_to_codes_times_scales(ckpts, l
         m = f"talker.{name}"
         dense = PackedQuantizationCompressor.decompress({p: t[f"{m}.{p}"] for p in
                                                         ("weight_packed", "weight_scale", "weight_shape")}, scheme)
-        # it multiplies in the scales' dtype, fp16 for least-squares int4: one fp16 rounding of the exact
-        # product (codes <= 7 in magnitude times an fp16 scale fit in 15 bits), so within half an fp16 ulp, 2^-11
-        want = qw[name].dequantize()
-        assert dense["weight"].dtype == torch.float16
-        assert bool(((dense["weight"].float() - want).abs() <= want.abs() * 2 ** -11).all()), name
+        assert torch.equal(dense["weight"].float(), qw[name].dequantize()), name
 
 
 def test_refuses_to_overwrite_and_to_requantize(ckpts, tmp_path):
@@ -464,3 +459,21 @@ def test_bad_recipe_names_list_the_accepted_ones():
             parse_quantization(bad, "quantization")
     assert parse_quantization("int4-all-g32", "q") == ("int4-all", 32)
     assert parse_quantization("INT4-g64", "q") == ("int4", 64)
+
+
+def test_least_squares_int4_file_stores_fp16_scales_and_loads_the_at_load_weights(ckpts, tmp_path, monkeypatch):
+    """OMNILAB_INT4_SCALES=wls: the file's int4 scales are fp16 (half the bytes; chosen fp16-exact), its int8 parts
+    fp32, and it loads with no arguments into exactly the QuantizedWeights quantizing at load builds."""
+    monkeypatch.setenv("OMNILAB_INT4_SCALES", "wls")
+    dst = quantize_checkpoint(ckpts["src"], tmp_path / "wls", "int4", progress=False)
+    t = _tensors(dst)
+    assert t["talker.codec_head.weight_scale"].dtype == torch.float16
+    assert t["talker.code_predictor.lm_head.0.weight_scale"].dtype == torch.float32  # int8 part
+    a = _quantized_weights(load_model(dst, dtype="float32", load_encoders=False).talker)
+    at_load = load_model(ckpts["src"], dtype="float32", load_encoders=False,
+                         quantization=quantization_for(ckpts["src"], "int4")[0])
+    assert at_load.quantization.int4_scales == "wls"
+    b = _quantized_weights(at_load.talker)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name].qweight, b[name].qweight) and torch.equal(a[name].scales, b[name].scales), name
