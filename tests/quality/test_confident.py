@@ -9,7 +9,7 @@ import pytest
 from safetensors import safe_open
 
 from omnilab.checkpoint import random as ck
-from tests.quality._quality_common import GEN, TEXTS
+from _quality_common import GEN, TEXTS
 
 FRAMES = dict(GEN, max_new_tokens=13)  # 12 frames per text, 24 pooled per codebook
 
