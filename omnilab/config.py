@@ -322,18 +322,44 @@ def _read_json(path: Path) -> dict:
 # ---- weight-only quantization of the talker's decode matrices
 # (docs/kernels.md#quantized-decode-matrices-in-the-deploy-profile)
 # The names and group sizes every layer shares: the planner's profile field, the loader, the kernels, the CLI.
-QUANT_METHODS = ("int8", "int4")
+QUANT_METHODS = ("int8", "int4")       # weight formats: bits of one matrix's codes
+# Recipes: the format of each of the four parts a decode step streams (quant_part). The predictor stays >= int8
+# unless a recipe says otherwise: the vendor advises against quantizing the code predictor, and the GGUF ports
+# ship a q5_k talker with a q8_0 predictor (docs/quantization.md#recipes).
+QUANT_PARTS = ("talker_layers", "codec_head", "predictor_layers", "predictor_heads")
+QUANT_RECIPES = {"int8": ("int8", "int8", "int8", "int8"),
+                 "int4": ("int4", "int4", "int8", "int8"),
+                 "int4-all": ("int4", "int4", "int4", "int4")}
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_INT4_GROUP_SIZE = 128
-QUANT_SPELLINGS = "'none', 'int8', 'int4', 'int4-g32', 'int4-g64', 'int4-g128'"
+QUANT_SPELLINGS = ("'none', 'int8', 'int4', 'int4-all', each int4 one with a group suffix "
+                   "('int4-g32', 'int4-g64', 'int4-g128', 'int4-all-g32', ...)")
+
+
+def has_int4(recipe: str) -> bool:
+    """Whether the recipe stores some part in int4 (so it has a group size)."""
+    return recipe in QUANT_RECIPES and "int4" in QUANT_RECIPES[recipe]
+
+
+def quant_part(name: str) -> str:
+    """The part (:data:`QUANT_PARTS`) of a talker decode matrix named without ``talker.``."""
+    if name.startswith("code_predictor."):
+        return "predictor_layers" if ".layers." in name else "predictor_heads"  # heads + 1.7B input projection
+    return "codec_head" if name.startswith("codec_head") else "talker_layers"
+
+
+def part_format(recipe: str, name: str) -> str:
+    """``"int8"`` / ``"int4"``: how ``recipe`` stores the decode matrix ``name`` (without ``talker.``)."""
+    return QUANT_RECIPES[recipe][QUANT_PARTS.index(quant_part(name))]
 
 
 def parse_quantization(value: Any, where: str) -> tuple[str, int | None]:
-    """``(method, group_size)`` of a quantization spelling: None / ``"none"`` -> ("none", None); ``"int8"``;
-    ``"int4"`` (group not given: None) or ``"int4-g64"`` (also ``"int4/64"``). ``ConfigError`` otherwise."""
+    """``(recipe, group_size)`` of a quantization spelling: None / ``"none"`` -> ("none", None); ``"int8"``;
+    ``"int4"`` / ``"int4-all"`` (group not given: None) or with a group, ``"int4-g64"``, ``"int4-all-g32"`` (also
+    ``"int4/64"``). ``ConfigError`` otherwise, naming the accepted values."""
     key = "none" if value is None else str(value).strip().lower()
     method, _, group = key.replace("/", "-g", 1).partition("-g")
-    if isinstance(value, bool) or method not in ("none",) + QUANT_METHODS or (group and method != "int4"):
+    if isinstance(value, bool) or method not in ("none",) + tuple(QUANT_RECIPES) or (group and not has_int4(method)):
         raise ConfigError(f"{where}={value!r} is not a quantization; accepted: {QUANT_SPELLINGS}")
     if not group:
         return method, None
@@ -344,8 +370,9 @@ def parse_quantization(value: Any, where: str) -> tuple[str, int | None]:
 
 
 def quantization_spelling(method: str, group_size: int | None = None) -> str:
-    """The canonical spelling (``"none"``, ``"int8"``, ``"int4-g128"``; ``"int4"`` while the group is open)."""
-    return f"int4-g{group_size}" if method == "int4" and group_size else method
+    """The canonical spelling (``"none"``, ``"int8"``, ``"int4-g128"``, ``"int4-all-g32"``; ``"int4"`` while the
+    group is open)."""
+    return f"{method}-g{group_size}" if has_int4(method) and group_size else method
 
 
 def int4_groups_fitting(ks: Any) -> tuple[int, ...]:
@@ -356,15 +383,17 @@ def int4_groups_fitting(ks: Any) -> tuple[int, ...]:
 
 def stored_quantization(quantization_config: Any) -> str:
     """The spelling of what a ``config.json`` ``quantization_config`` stores (``none`` without one): ``int8`` for
-    8-bit weights, ``int4-g<group>`` for 4-bit ones. Only reads the scheme; ``checkpoint.quantized.parse_scheme``
+    8-bit weights, ``int4-g<group>`` for 4-bit and 8-bit groups (the mixed recipe), ``int4-all-g<group>`` for 4 bits
+    alone. Only reads the scheme; ``checkpoint.quantized.parse_scheme``
     checks it (an unsupported entry is refused at load, whatever is read here)."""
     if not isinstance(quantization_config, Mapping):
         return "none"
     groups = [g.get("weights") or {} for g in (quantization_config.get("config_groups") or {}).values()
               if isinstance(g, Mapping)]
-    w = groups[0] if groups else {}
-    if w.get("num_bits") == 8:
+    bits = {w.get("num_bits") for w in groups}
+    int4 = [w for w in groups if w.get("num_bits") == 4 and w.get("group_size") in INT4_GROUP_SIZES]
+    if bits == {8}:
         return "int8"
-    if w.get("num_bits") == 4 and w.get("group_size") in INT4_GROUP_SIZES:
-        return f"int4-g{w['group_size']}"
+    if int4:  # with an 8-bit group too: the int4 recipe (int8 predictor); 4 bits alone: int4-all
+        return f"{'int4' if 8 in bits else 'int4-all'}-g{int4[0]['group_size']}"
     return "none"

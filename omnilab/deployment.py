@@ -120,7 +120,8 @@ class QuantizationRow:
         q, mib = self.choice, 2 ** 20
         if not q.enabled:
             return f"none: {q.reason} ({self.before_bytes / mib:.1f} MiB of decode matrices)"
-        g = f"group {q.group_size}" if q.method == "int4" else "per channel"
+        g = (f"int4 talker group {q.group_size}, int8 predictor" if q.mixed else f"group {q.group_size}"
+             if q.group_size else "per channel")
         return (f"{q.method} ({g}, {q.activations} activations), decode matrices {self.before_bytes / mib:.1f} -> "
                 f"{self.after_bytes / mib:.1f} MiB, kernel {self.kernel}: {q.reason}")
 
@@ -148,7 +149,8 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
         plain = int(torch.Size(shape).numel()) * torch.empty((), dtype=stored).element_size()
         before += plain
         packed = choice.enabled and (choice.names is None or choice.selects(name))  # a checkpoint's: those it packs
-        after += packed_nbytes(tuple(shape), choice.method, choice.group_size) if packed else plain
+        fmt = choice.format_for(name) if packed else None
+        after += packed_nbytes(tuple(shape), fmt, choice.group_size if fmt == "int4" else None) if packed else plain
     kernel = None
     if choice.enabled:
         from omnilab.kernels.qgemv import qgemv_choice
@@ -167,19 +169,19 @@ def _dtype_name(dtype: Any) -> str | None:
 def quantization_spelling(quantization: Any, group_size: Any) -> str | None:
     """``from_pretrained``'s ``quantization=`` / ``quant_group_size=`` as one profile spelling (None: not given):
     ``("int4", 64)`` -> ``"int4-g64"``; a group with another method is a ``ConfigError``."""
-    from omnilab.config import parse_quantization
+    from omnilab.config import has_int4, parse_quantization, quantization_spelling
     from omnilab.errors import ConfigError
 
     if quantization is None and group_size is None:
         return None
     method, group = parse_quantization(quantization, "quantization")
     if group_size is not None:
-        if method != "int4" or (group is not None and group != group_size):
+        if not has_int4(method) or (group is not None and group != group_size):
             raise ConfigError(f"quant_group_size={group_size!r} applies to int4 only and must agree with the "
                               f"spelling (quantization={quantization!r}); int8 has one scale per output channel")
         parse_quantization(f"int4-g{group_size}", "quant_group_size")  # names the accepted sizes
         group = group_size
-    return f"int4-g{group}" if method == "int4" and group else method
+    return quantization_spelling(method, group)
 
 
 def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = None, num_threads: int | None = None,

@@ -57,6 +57,8 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+int8": {"OMNILAB_QUANTIZATION": "int8"},  # decode matrices quantized at load: int8 per output row
     "+int4": {"OMNILAB_QUANTIZATION": "int4"},  # ... int4, groups of 128 along K (or the largest that divides K)
     "+int4-g32": {"OMNILAB_QUANTIZATION": "int4-g32"}, "+int4-g64": {"OMNILAB_QUANTIZATION": "int4-g64"},
+    "+int4-all": {"OMNILAB_QUANTIZATION": "int4-all"},  # int4 code predictor too (int4: int8 predictor)
+    "+int4-all-g32": {"OMNILAB_QUANTIZATION": "int4-all-g32"}, "+int4-all-g64": {"OMNILAB_QUANTIZATION": "int4-all-g64"},
     "+int8-acts": {"OMNILAB_QUANT_ACTIVATIONS": "int8"},  # quantized matrices' activations: int8 per row (VNNI)
     "+fp32-acts": {"OMNILAB_QUANT_ACTIVATIONS": "fp32"},  # ... fp32
     "+fp32": {}, "+bf16": {}, "+auto": {},  # the compute dtype asked for (DTYPE_SUFFIXES; default: --dtype)
@@ -121,7 +123,8 @@ def parse_config(name: str, compile_talker: bool = False) -> Config:
 
 
 QUANT_SUFFIX = {"none": "", "int8": "+int8", "int4": "+int4", "int4-g32": "+int4-g32", "int4-g64": "+int4-g64",
-                "int4-g128": "+int4"}
+                "int4-g128": "+int4", "int4-all": "+int4-all", "int4-all-g32": "+int4-all-g32",
+                "int4-all-g64": "+int4-all-g64", "int4-all-g128": "+int4-all"}
 DTYPE_SUFFIX = {"float32": "+fp32", "fp32": "+fp32", "bfloat16": "+bf16", "bf16": "+bf16", "auto": "+auto"}
 
 
@@ -233,7 +236,7 @@ def labels(pipe: Any) -> dict[str, Any]:
     return {"gemv": dep.gemv.label, "snake": dep.snake.label, "weights": dep.weights.label,
             "dtype_ran": str(pipe.model.dtype).replace("torch.", ""), "dtype_reason": pipe.model.dtype_reason,
             "quantization": "none" if q is None or not q.enabled else
-            (f"int4-g{q.group_size}" if q.method == "int4" else q.method),
+            (f"{q.method}-g{q.group_size}" if q.group_size else q.method),
             "decode_bytes_per_frame": decode_bytes_per_frame(pipe.model.talker),
             "code2wav_dtype": dep.code2wav_dtype.label if dep.code2wav_dtype is not None else None,
             "code2wav_conv": dep.code2wav_conv.label if dep.code2wav_conv is not None else None,

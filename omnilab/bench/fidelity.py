@@ -8,13 +8,17 @@ agreement and KL, per-codebook agreement of the code predictor, code2wav's wavef
 the first ``FIDELITY_TEXTS`` prompts at the bench's frame count: 8 x 33 = 264 frames at ``--frames 32``, so the
 first-codebook agreement's 95 % interval (``c0_agreement_ci95``, pooled frames) is about +-3 points near 0.91 (two
 texts left it 15 points wide; docs/quality.md#how-many-frames-an-agreement-needs).
-The reference side runs once (:func:`omnilab.quality.reference`) for every setting compared. The reference is
+The reference side runs once (:func:`omnilab.quality.reference`) for every setting compared. Where the bench made its
+own random checkpoint, fidelity is measured on its confident twin (``calibrated=True``, ``run.fidelity_checkpoint``):
+decisions with a trained model's margins, so a flip is an error rather than a near-tie (docs/quality.md#confident-
+random-checkpoints). The reference is
 eager, float32, unquantized, with a float32 code2wav (``OMNILAB_CODE2WAV_DTYPE=float32``); a test pipeline gets the
 environment the rows ran under.
 
 ``--fidelity auto`` measures when some row's numerics differ from the reference's, ``on`` always, ``off`` never.
 Each row gets ``fidelity``: ``{c0_agreement, c0_kl_mean, cp_agreement, wave_snr_db, c0_agreement_ci95, texts, frames,
-seconds}``.
+seconds}``; ``meta["fidelity_bf16"]`` holds bf16 compute's (unquantized) figures, measured whenever fidelity is, so a
+quantized row is read beside the rounding of bf16 alone; ``meta["fidelity_checkpoint"]`` where they were measured.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Any
 
 FIDELITY_TEXTS = 8                      # prompts compared per numerics setting
 REFERENCE = ("float32", "none")         # (dtype, quantization) of the reference pipeline
+BF16 = ("bfloat16", "none")             # always measured beside the rows: the yardstick a quantization is read against
 FIELDS = ("c0_agreement", "c0_kl_mean", "cp_agreement", "wave_snr_db")
 
 
@@ -59,7 +64,7 @@ def add_fidelity(cfg: Any, ckpt: Path, prompts: list[str], rows: list[dict], met
         voice = ("speaker", "language", "instruct", "ref_audio", "ref_text")  # the variant's voice (voice_kwargs)
         kw = {k: v for k, v in request_kwargs(ref, cfg, 0).items() if k in voice}
         run = reference(ref, texts, max_new_tokens=cfg.frames + 1, **kw)
-        for key in sorted(keys):
+        for key in sorted(keys | {BF16}):
             t = time.perf_counter()
             try:
                 test = _build(ckpt, *key, cfg.threads, {})
@@ -78,6 +83,8 @@ def add_fidelity(cfg: Any, ckpt: Path, prompts: list[str], rows: list[dict], met
                 f"{f} {results[key][f]:.4g}" for f in FIELDS if isinstance(results[key][f], float)))
     finally:
         ref.close()
+    meta["fidelity_checkpoint"] = str(ckpt)
+    meta["fidelity_bf16"] = results.get(BF16)  # bf16 compute's row, whether or not a speed row ran it
     for r in rows:
         if _key(r) in results:
             r["fidelity"] = results[_key(r)]

@@ -137,6 +137,15 @@ def checkpoint_for(cfg: BenchConfig) -> Path:
     return path
 
 
+def fidelity_checkpoint(cfg: BenchConfig, ckpt: Path) -> Path:
+    """Where the fidelity columns are measured: the given checkpoint, else (a random one) its confident twin of the
+    same geometry, whose decisions have a trained model's margins (docs/quality.md#confident-random-checkpoints)."""
+    if cfg.checkpoint:
+        return Path(cfg.checkpoint)
+    from omnilab.checkpoint.random import cached_checkpoint
+    return cached_checkpoint(cfg.size, cfg.variant, 0, calibrated=True)
+
+
 def load_prompts(path: str | os.PathLike) -> list[str]:
     lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()]
     return [ln for ln in lines if ln and not ln.startswith("#")]
@@ -188,7 +197,7 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
                 r["n_effective_gbps"] = r["decode_bytes_per_frame"] / (r["n_step_ms"] * 1e-3) / 1e9
     if not child:
         from omnilab.bench.fidelity import add_fidelity
-        add_fidelity(cfg, ckpt, prompts, rows, meta)
+        add_fidelity(cfg, fidelity_checkpoint(cfg, ckpt), prompts, rows, meta)
         _reference(cfg, ckpt, rows, meta)
     base = rows[0].get("step_ms") if rows else None
     for r in rows:  # --interleave set it already, paired per round (bench.paired); otherwise the medians' ratio

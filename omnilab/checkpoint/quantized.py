@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -75,12 +74,11 @@ def unpack_int32(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
 
 # ---- config.json quantization_config ------------------------------------------------------------------
 @dataclass(frozen=True)
-class PackedScheme:
-    """The weights scheme of a pack-quantized checkpoint, as omnilab's kernels take it."""
+class PackedGroup:
+    """One ``config_groups`` entry: a weights scheme and the modules it targets."""
     method: str                   # "int8" (W8A16, one scale per output channel) | "int4" (W4A16, groups along K)
     group_size: int | None        # int4: 32 | 64 | 128
-    ignore: tuple[str, ...] = ()  # Linear modules left unquantized (names or "re:" patterns, checkpoint names)
-    targets: tuple[str, ...] = ("Linear",)  # what config_groups quantize: "Linear" (every Linear), names, "re:"
+    targets: tuple[str, ...] = ("Linear",)  # "Linear" (every Linear), checkpoint names, "re:" patterns
 
     @property
     def bits(self) -> int:
@@ -89,12 +87,40 @@ class PackedScheme:
     @property
     def label(self) -> str:
         g = f"group {self.group_size}" if self.method == "int4" else "per channel"
-        return f"compressed-tensors {FORMAT} W{self.bits}A16 ({g}, symmetric)"
+        return f"W{self.bits}A16 ({g}, symmetric)"
+
+
+@dataclass(frozen=True)
+class PackedScheme:
+    """The weights schemes of a pack-quantized checkpoint, as omnilab's kernels take them: one per config group
+    (a mixed recipe has two, with targets per part: docs/quantization.md#recipes)."""
+    groups: tuple[PackedGroup, ...]
+    ignore: tuple[str, ...] = ()  # Linear modules left unquantized (names or "re:" patterns, checkpoint names)
+
+    @property
+    def method(self) -> str:
+        """The lowest format of any group (``int4`` if one is 4-bit)."""
+        return "int4" if any(g.method == "int4" for g in self.groups) else "int8"
+
+    @property
+    def group_size(self) -> int | None:
+        return next((g.group_size for g in self.groups if g.method == "int4"), None)
+
+    @property
+    def label(self) -> str:
+        return f"compressed-tensors {FORMAT} " + " + ".join(g.label for g in self.groups)
+
+    def group_for(self, module: str) -> PackedGroup | None:
+        """The group quantizing the Linear ``module`` (checkpoint name, e.g. ``talker.codec_head``): a group naming
+        it (by name or "re:") wins over one targeting the class "Linear"; None when none does or it is ignored."""
+        if _matches(self.ignore, module):
+            return None
+        named = [g for g in self.groups if _matches(g.targets, module)]
+        return named[0] if named else next((g for g in self.groups if "Linear" in g.targets), None)
 
     def targets_module(self, module: str) -> bool:
-        """Whether the Linear ``module`` (checkpoint name, e.g. ``talker.codec_head``) is quantized by this scheme:
-        matched by a target ("Linear" matches every Linear) and not by the ``ignore`` list."""
-        return _matches(self.targets, module, "Linear") and not _matches(self.ignore, module)
+        """Whether the Linear ``module`` is quantized by some group (and not ignored)."""
+        return self.group_for(module) is not None
 
 
 def _matches(patterns: tuple[str, ...], module: str, cls: str | None = None) -> bool:
@@ -102,15 +128,34 @@ def _matches(patterns: tuple[str, ...], module: str, cls: str | None = None) -> 
                for p in patterns)
 
 
+# checkpoint module names of each recipe part (config.QUANT_PARTS), as compressed-tensors targets
+PART_TARGETS = {"talker_layers": "re:^talker\\.model\\.layers\\.", "codec_head": "talker.codec_head",
+                "predictor_layers": "re:^talker\\.code_predictor\\.model\\.layers\\.",
+                "predictor_heads": "re:^talker\\.code_predictor\\.(lm_head|small_to_mtp_projection)"}
+
+
+def _weights(method: str, group_size: int | None) -> dict:
+    return {"num_bits": BITS[method], "type": "int", "symmetric": True, "strategy":
+            "group" if method == "int4" else "channel", "group_size": group_size if method == "int4" else None,
+            "block_structure": None, "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {}}
+
+
 def quantization_config(method: str, group_size: int | None, ignore: list[str] | tuple[str, ...] = ()) -> dict:
-    """The ``quantization_config`` entry of ``config.json`` for ``method`` (and int4's ``group_size``)."""
-    weights = {"num_bits": BITS[method], "type": "int", "symmetric": True, "strategy":
-               "group" if method == "int4" else "channel", "group_size": group_size if method == "int4" else None,
-               "block_structure": None, "dynamic": False, "actorder": None, "observer": "minmax",
-               "observer_kwargs": {}}
+    """The ``quantization_config`` entry of ``config.json`` for the recipe ``method`` (and its int4 parts'
+    ``group_size``): one group targeting every ``Linear`` when all parts share a format, else one group per
+    format whose targets name its parts (:data:`PART_TARGETS`)."""
+    from omnilab.config import QUANT_PARTS, QUANT_RECIPES
+
+    formats = QUANT_RECIPES.get(method, (method,) * 4)
+    if len(set(formats)) == 1:
+        groups = {"group_0": (["Linear"], formats[0])}
+    else:
+        groups = {f"group_{i}": ([PART_TARGETS[p] for p, f in zip(QUANT_PARTS, formats) if f == fmt], fmt)
+                  for i, fmt in enumerate(sorted(set(formats)))}  # int4 first: "int4" < "int8"
     return {"quant_method": QUANT_METHOD, "format": FORMAT, "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
-                                          "output_activations": None}},
+            "config_groups": {name: {"targets": targets, "weights": _weights(fmt, group_size),
+                                     "input_activations": None, "output_activations": None}
+                              for name, (targets, fmt) in groups.items()},
             "ignore": list(ignore), "kv_cache_scheme": None, "global_compression_ratio": None}
 
 
@@ -131,7 +176,7 @@ def parse_scheme(cfg: Mapping[str, Any]) -> PackedScheme:
     if not isinstance(groups, Mapping) or not groups:
         raise ConfigError("config.json quantization_config: config_groups must name at least one scheme, got "
                           f"{groups!r}")
-    schemes, targets = set(), []
+    schemes, out = set(), []
     for name, g in groups.items():
         if not isinstance(g, Mapping) or not isinstance(g.get("weights"), Mapping):
             raise ConfigError(f"config.json quantization_config: config_groups.{name} needs a 'weights' object "
@@ -139,7 +184,10 @@ def parse_scheme(cfg: Mapping[str, Any]) -> PackedScheme:
         where = f"config_groups.{name}"
         _accept(g.get("input_activations"), (None,), f"{where}.input_activations (activation quantization)")
         _accept(g.get("output_activations"), (None,), f"{where}.output_activations")
-        targets += list(g.get("targets") or ())
+        targets = g.get("targets")
+        if not targets or not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ConfigError(f"config.json quantization_config: config_groups need targets (e.g. ['Linear']), got "
+                              f"{targets!r}")
         w = g["weights"]
         _accept(w.get("type", "int"), ("int",), f"{where}.weights.type")
         _accept(w.get("num_bits"), (4, 8), f"{where}.weights.num_bits")
@@ -148,22 +196,23 @@ def parse_scheme(cfg: Mapping[str, Any]) -> PackedScheme:
         _accept(w.get("actorder"), (None, False, "weight", "static"), f"{where}.weights.actorder")
         if w["num_bits"] == 8:
             _accept(w.get("strategy"), ("channel",), f"{where}.weights.strategy (8 bits)")
-            schemes.add(("int8", None))
+            scheme = ("int8", None)
         else:
             _accept(w.get("strategy"), ("group",), f"{where}.weights.strategy (4 bits)")
             _accept(w.get("group_size"), INT4_GROUP_SIZES, f"{where}.weights.group_size")
-            schemes.add(("int4", w["group_size"]))
-    if len(schemes) > 1:
-        raise ConfigError(f"config.json quantization_config: config_groups mix schemes {sorted(schemes, key=str)}; "
-                          f"accepted: one scheme for every quantized matrix")
+            scheme = ("int4", w["group_size"])
+        schemes.add(scheme)
+        out.append(PackedGroup(*scheme, tuple(targets)))
+    if len({g for m, g in schemes if m == "int4"}) > 1:
+        raise ConfigError(f"config.json quantization_config: config_groups mix int4 group sizes "
+                          f"{sorted(schemes, key=str)}; accepted: one group size for every int4 matrix")
+    if sum("Linear" in g.targets for g in out) > 1 or len(schemes) < len(out):
+        raise ConfigError("config.json quantization_config: several config_groups target every Linear or repeat "
+                          "a scheme; accepted: one group per scheme, at most one targeting 'Linear'")
     ignore = cfg.get("ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
         raise ConfigError(f"config.json quantization_config: ignore must be a list of names, got {ignore!r}")
-    method, group = schemes.pop()
-    if not targets or not all(isinstance(t, str) for t in targets):
-        raise ConfigError(f"config.json quantization_config: config_groups need targets (e.g. ['Linear']), got "
-                          f"{targets!r}")
-    return PackedScheme(method, group, tuple(ignore), tuple(targets))
+    return PackedScheme(tuple(out), tuple(ignore))
 
 
 def read_scheme(checkpoint_dir: str | Path, config: Any = None) -> PackedScheme | None:
@@ -196,6 +245,7 @@ class PackedIndex:
         self.where: dict[str, Any] = {}
         self._shape: dict[str, tuple[int, int]] = {}
         self._parts: dict[str, dict[str, str]] = {}
+        self._group: dict[str, PackedGroup] = {}
         for k, info in index.where.items():
             mod, _, leaf = k.rpartition(".")
             if leaf in PARTS + _OPTIONAL:
@@ -213,7 +263,7 @@ class PackedIndex:
                                   f"{', '.join(dense[:5])}{' ...' if len(dense) > 5 else ''}")
 
     def _check(self, mod: str, parts: dict[str, str]) -> None:
-        name, s = f"{mod}.weight", self.scheme
+        name, s = f"{mod}.weight", self.scheme.group_for(mod)
         missing = [p for p in PARTS if p not in parts]
         if missing:
             raise CheckpointError(f"{self.file}: quantized module {mod} has {', '.join(sorted(parts))} but no "
@@ -230,6 +280,10 @@ class PackedIndex:
         if "weight_zero_point" in parts and bool(self.base.read(parts["weight_zero_point"]).ne(0).any()):
             raise ConfigError(f"{self.file}: {parts['weight_zero_point']} is not all zero (asymmetric); accepted: "
                               f"symmetric codes (no zero point)")
+        if s is None:
+            raise CheckpointError(f"{self.file}: {mod} is packed but no config group targets it (or it is ignored); "
+                                  f"accepted: packed modules that quantization_config's config_groups target")
+        self._group[name] = s
         shape = self.base.read(parts["weight_shape"])
         if shape.dtype not in (torch.int64, torch.int32) or tuple(shape.shape) != (2,):
             raise CheckpointError(f"{self.file}: {parts['weight_shape']} must be int64 or int32 [2] (N, K), got "
@@ -264,10 +318,24 @@ class PackedIndex:
         """The file's tensor; for a packed ``<module>.weight`` the ``QuantizedWeight`` (its ``activations`` unset)."""
         if name not in self._shape:
             return self.base.read(name)
-        parts, (n, k), s = self._parts[name[:-len(".weight")]], self._shape[name], self.scheme
+        parts, (n, k), s = self._parts[name[:-len(".weight")]], self._shape[name], self._group[name]
         codes = unpack_int32(self.base.read(parts["weight_packed"]), s.bits, k)
         scales = self.base.read(parts["weight_scale"]).to(torch.float32)  # bf16/fp16 -> fp32 is exact
         return from_codes(s.method, codes, scales, s.group_size)
+
+    def recipe(self) -> tuple[str, int | None]:
+        """``(recipe, int4 group)`` the packed matrices follow (config.QUANT_RECIPES), parts left dense matching any
+        format; a ``ConfigError`` when no recipe fits (e.g. an int4 predictor under an int8 talker)."""
+        from omnilab.config import QUANT_PARTS, QUANT_RECIPES, quant_part
+
+        seen: dict[str, set[str]] = {}
+        for n in self.packed:
+            seen.setdefault(quant_part(n), set()).add(self._group[PREFIX + n].method)
+        for recipe, formats in QUANT_RECIPES.items():
+            if all(seen.get(p, {f}) == {f} for p, f in zip(QUANT_PARTS, formats)):
+                return recipe, self.scheme.group_size
+        raise ConfigError(f"{self.file}: the packed parts {dict(sorted((p, sorted(v)) for p, v in seen.items()))} "
+                          f"follow no recipe; accepted: {', '.join(f'{r} {v}' for r, v in QUANT_RECIPES.items())}")
 
 
 # ---- which Quantization -------------------------------------------------------------------------------
@@ -279,8 +347,9 @@ def checkpoint_quantization(view: PackedIndex) -> Quantization:
     """The ``Quantization`` of a packed checkpoint (source ``"checkpoint"``), its activations as for quantizing at
     load (``OMNILAB_QUANT_ACTIVATIONS`` or the method's default), restricted to the packed matrices."""
     s = view.scheme
+    recipe, group = view.recipe()
     ks = [view.shape(PREFIX + n)[1] for n in view.packed]
-    base = quantization_choice(s.method, s.group_size if s.method == "int4" else None, env="", ks=ks)
+    base = quantization_choice(recipe, group, env="", ks=ks)
     why = base.reason.rpartition("; ")[2]
     reason = (f"checkpoint: {s.label} (config.json quantization_config), codes as stored, repacked into the kernel "
               f"layout at load; {why}")
@@ -290,14 +359,14 @@ def checkpoint_quantization(view: PackedIndex) -> Quantization:
 def _check_request(ckpt: Quantization, method: str, group: int | None, source: str, asked: str) -> None:
     """A request on a packed checkpoint: nothing, ``"none"`` as an argument (what a deploy profile resolves when
     nothing is asked: the codes load as stored) or the checkpoint's own method (and group, when one is named)."""
-    have = f"{ckpt.method}" + (f" group {ckpt.group_size}" if ckpt.method == "int4" else " per channel")
+    have = f"{ckpt.method}" + (f" group {ckpt.group_size}" if ckpt.group_size else " per channel")
     if method == "none" and source != "env":
         return
-    if method != ckpt.method or (group is not None and ckpt.method == "int4" and group != ckpt.group_size):
+    if method != ckpt.method or (group is not None and ckpt.group_size and group != ckpt.group_size):
         asks = "unquantized matrices" if method == "none" else f"{method}{f' group {group}' if group else ''}"
         raise ConfigError(f"{asked} asks for {asks} but the checkpoint is already quantized ({have}, {FORMAT}); "
                           f"accepted: None or the checkpoint's own quantization="
-                          f"{ckpt.method if ckpt.method == 'int8' else f'int4-g{ckpt.group_size}'!r} (quantized codes "
+                          f"{ckpt.method if not ckpt.group_size else f'{ckpt.method}-g{ckpt.group_size}'!r} (quantized codes "
                           f"are never re-quantized or expanded)")
 
 

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -39,11 +40,11 @@ from omnilab.paths import cache_dir, file_lock
 
 log = logging.getLogger(__name__)
 
-__all__ = ["make_random_checkpoint", "default_checkpoint", "write_safetensors", "CHECKPOINT_SIZES"]
+__all__ = ["make_random_checkpoint", "default_checkpoint", "cached_checkpoint", "calibrate_", "Calibration", "write_safetensors", "CHECKPOINT_SIZES"]
 
 DEFAULT_CHECKPOINT = ("tiny", "custom_voice", 0)
 _FACTORY_VERSION = 1  # bump when the written layout or values change (default_checkpoint cache key)
-_COMPONENT_SEED = {"talker": 0, "speaker_encoder": 1, "mimi_encoder": 2, "code2wav": 3}
+_COMPONENT_SEED = {"talker": 0, "speaker_encoder": 1, "mimi_encoder": 2, "code2wav": 3, "calibration": 4}
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
               torch.int32: "I32", torch.bool: "BOOL", torch.uint8: "U8"}
 
@@ -130,10 +131,66 @@ def _audio_check(code2wav, frames: int = 8) -> dict:
     return {"rms": rms, "clipped_fraction": clipped}
 
 
+# ---- confident ("calibrated") weights -----------------------------------------------------------
+@dataclass(frozen=True)
+class Calibration:
+    """How ``make_random_checkpoint(calibrated=True)`` gives greedy decisions a trained model's margins
+    (docs/quality.md#confident-random-checkpoints): each decision head reads, besides its random rows, a row per
+    code tied to the embedding of the code its step is fed, and the layers' residual writes are damped, so the
+    winning logit stands out of the bulk by several nats and quantization noise (which enters through the layers
+    and the heads) must be large to flip it. Scaling a head alone would not do: argmax and relative quantization
+    error are both invariant under it."""
+
+    layer_gain: float = 1.0       # o_proj / down_proj of every layer (talker and predictor) times this
+    c0_embedding_gain: float = 4.0  # talker codec embedding C times this: C(c0) dominates a frame's input sum
+    tie_logit: float = 5.0        # tied head rows' norm: tie_logit / sqrt(width) (the winner's logit gain, nats,
+                                  # when the final hidden points along the fed embedding)
+    head_gain: float = 4.0        # every decision head times this (after tying): sets the top-1 probability
+                                  # without moving any argmax
+
+
+CALIBRATION = Calibration()
+# The stated margin: every codebook's greedy decisions have at least this mean top-1 probability on a confident
+# checkpoint (plain random weights: about 1 / 2048). Measured per geometry in docs/quality.md#confident-random-checkpoints.
+CONFIDENT_TOP1_PROB = 0.25
+
+
+@torch.no_grad()
+def calibrate_(talker: torch.nn.Module, generator: torch.Generator, cal: Calibration = CALIBRATION) -> None:
+    """Make a randomly initialised ``Talker`` confident in place (see :class:`Calibration`); deterministic given
+    ``generator``. Codec ids >= 2048 (EOS and the prompt's special tokens) keep their random head rows."""
+    cp = talker.code_predictor
+    layers = list(talker.model.layers) + list(cp.model.layers)
+    for layer in layers:
+        for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+            w.copy_(w.float() * cal.layer_gain)
+    emb = talker.model.codec_embedding.weight
+    emb.copy_(emb.float() * cal.c0_embedding_gain)
+    codes = cp.lm_head[0].weight.shape[0]                       # 2048 codes per codebook
+    proj = cp.small_to_mtp_projection
+
+    def fed(table: torch.Tensor) -> torch.Tensor:               # [2048, H] -> [2048, Hc] as the predictor sees it
+        x = table[:codes].float()
+        return x if not hasattr(proj, "weight") else x @ proj.weight.float().T + proj.bias.float()
+
+    def tie_(head: torch.Tensor, rows: torch.Tensor) -> None:  # head [>=2048, W], rows [2048, W]
+        perm = torch.randperm(codes, generator=generator)       # code v is the answer to fed code perm[v]
+        t = rows[perm]
+        t = t / t.norm(dim=1, keepdim=True).clamp_min(1e-12) * (cal.tie_logit / head.shape[1] ** 0.5)
+        head[:codes] = (head[:codes].float() + t).to(head.dtype)
+        head.copy_(head.float() * cal.head_gain)
+
+    tie_(talker.codec_head.weight, emb[:codes].float())         # c0 of frame t+1 from C(c0) of frame t
+    tables = [e.weight for e in cp.model.codec_embedding]        # E_1..E_15 (talker width)
+    for j, head in enumerate(cp.lm_head):                        # step j is fed C(c0) (j = 0) or E_j(c_j)
+        tie_(head.weight, fed(emb if j == 0 else tables[j - 1]))
+
+
 # ---- the factory -------------------------------------------------------------------------------
 def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = "custom_voice", seed: int = 0,
                            *, overwrite: bool = False, model_size: str | None = None,
-                           check_audio: bool = True, progress: bool | None = None) -> Path:
+                           check_audio: bool = True, progress: bool | None = None,
+                           calibrated: "bool | Calibration" = False) -> Path:
     """Write a random-weight checkpoint in the released layout and return its directory.
 
     Args:
@@ -147,6 +204,9 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
         check_audio: decode 8 random frames and fail if the random decoder's audio is degenerate.
         progress: a progress bar of the steps (None: ``omnilab.instrument.progress.progress_enabled``'s rule,
             ``OMNILAB_PROGRESS``; "0.6b" takes about half a minute).
+        calibrated: confident weights (:func:`calibrate_`): greedy decisions with a trained model's margins,
+            for fidelity measurements (docs/quality.md#confident-random-checkpoints). False keeps the plain
+            random weights (the parity goldens); a :class:`Calibration` sets the knobs.
     """
     from omnilab.instrument.progress import bar
     from omnilab.models import code2wav as c2w_mod, mimi_encoder as mimi_mod, talker as talker_mod
@@ -185,6 +245,9 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
         step("talker")
         talker = _build(lambda: talker_mod.Talker(cfg), talker_mod.init_random_, seed, "talker",
                         dtype=torch.bfloat16, on_meta=True)
+        if calibrated:
+            calibrate_(talker, _generator(seed, "calibration"),
+                       calibrated if isinstance(calibrated, Calibration) else CALIBRATION)
         tensors = list(_prefixed(talker, "talker."))
         spk = None
         if variant == "base":
@@ -245,14 +308,20 @@ def _publish(tmp: Path, path: Path) -> None:
 
 def default_checkpoint() -> Path:
     """The embedded demo checkpoint (tiny, CustomVoice, seed 0), made once under ``cache_dir()``."""
-    size, variant, seed = DEFAULT_CHECKPOINT
+    return cached_checkpoint(*DEFAULT_CHECKPOINT)
+
+
+def cached_checkpoint(size: str = "tiny", variant: str = "custom_voice", seed: int = 0, *,
+                      calibrated: bool = False) -> Path:
+    """A random checkpoint made once under ``cache_dir()/checkpoints`` (``-confident`` when ``calibrated``: the
+    one fidelity measurements use, docs/quality.md#confident-random-checkpoints), guarded by a file lock."""
     root = cache_dir() / "checkpoints"
-    path = root / f"{size}-{variant}-seed{seed}-v{_FACTORY_VERSION}"
+    path = root / f"{size}-{variant}-seed{seed}-v{_FACTORY_VERSION}{'-confident' if calibrated else ''}"
     if (path / "speech_tokenizer" / "model.safetensors").is_file():
         return path
     with file_lock(root / ".lock"):
         if not (path / "speech_tokenizer" / "model.safetensors").is_file():  # another process may have won
-            make_random_checkpoint(path, size, variant, seed, overwrite=True)
+            make_random_checkpoint(path, size, variant, seed, overwrite=True, calibrated=calibrated)
     return path
 
 

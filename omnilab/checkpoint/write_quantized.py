@@ -1,9 +1,10 @@
-"""Write a quantized copy of a checkpoint: ``omnilab quantize SRC DST --method int8|int4 [--group-size N]``.
+"""Write a quantized copy of a checkpoint: ``omnilab quantize SRC DST --method int8|int4|int4-all [--group-size N]``.
 
 Contract: ``quantize_checkpoint(src, dst, method, group_size=None, overwrite=False, progress=None) -> Path`` writes
 a complete checkpoint directory at ``dst``: every file of ``src`` copied (``speech_tokenizer/`` unchanged), except
 that ``model.safetensors`` (one file, also for a sharded source) stores each talker decode matrix
-(:func:`omnilab.kernels.storage.talker_streamed_name`) in compressed-tensors' ``pack-quantized`` format and
+(:func:`omnilab.kernels.storage.talker_streamed_name`) in its recipe part's format (``int4``: int4 talker, int8
+predictor; docs/quantization.md#recipes) in compressed-tensors' ``pack-quantized`` format and
 ``config.json`` gains its ``quantization_config`` (docs/quantization.md). The codes and scales are those of
 :func:`omnilab.kernels.quant.quantize` on the file's values, so loading ``dst`` gives exactly the
 ``QuantizedWeight`` of ``from_pretrained(src, quantization=method, quant_group_size=group_size)``; scales are
@@ -29,7 +30,7 @@ from omnilab.checkpoint.quantized import BITS, pack_int32, quantization_config, 
 from omnilab.checkpoint.random import _publish, write_safetensors
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.errors import CheckpointError, ConfigError, InputError
-from omnilab.kernels.quant import quantization_choice, quantize
+from omnilab.kernels.quant import quantization_choice
 from omnilab.kernels.storage import talker_streamed_name
 
 
@@ -44,6 +45,14 @@ def _unquantized_linears(config) -> list[str]:
             if isinstance(m, nn.Linear) and not talker_streamed_name(f"{n}.weight")]
 
 
+def _disk_scales(qw, choice) -> torch.Tensor:
+    """A matrix's scales as stored: fp16 for int4 with least-squares scales (chosen fp16-exact, so the file loads
+    into the same weights in half the scale bytes), fp32 otherwise (round to nearest's max|w| / 7 is not
+    fp16-exact; docs/quantization.md#scales)."""
+    s = qw.row_scales().contiguous()  # fp32 [N, groups]
+    return s.half() if qw.method == "int4" and choice.int4_scales == "wls" else s
+
+
 def _copy_files(src: Path, dst: Path, skip: set[Path]) -> None:
     for p in sorted(src.rglob("*")):
         if p.is_file() and p not in skip:
@@ -55,8 +64,20 @@ def _copy_files(src: Path, dst: Path, skip: set[Path]) -> None:
 def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: str, group_size: int | None = None,
                         *, overwrite: bool = False, progress: bool | None = None) -> Path:
     """Write the quantized copy of ``src`` at ``dst`` and return ``dst`` (see the module docstring)."""
-    if method not in BITS:
-        raise ConfigError(f"method {method!r} is not a checkpoint quantization; accepted: {', '.join(BITS)}")
+    from omnilab.config import QUANT_RECIPES, parse_quantization
+
+    try:
+        recipe, spelled = parse_quantization(method, "method")  # "int4-all-g32" names its group
+    except ConfigError:
+        recipe = spelled = None
+    if recipe not in QUANT_RECIPES:
+        raise ConfigError(f"method {method!r} is not a checkpoint quantization; accepted: {', '.join(QUANT_RECIPES)} "
+                          f"(int4 ones also with a group suffix, e.g. int4-g32, int4-all-g64)")
+    method = recipe
+    if spelled is not None:
+        if group_size is not None and group_size != spelled:
+            raise ConfigError(f"method {method}-g{spelled} and group_size={group_size} disagree; give one")
+        group_size = spelled
     src = validate_checkpoint_dir(resolve_checkpoint(src))
     dst = Path(dst).expanduser().resolve()
     if dst == src or src in dst.parents or dst in src.parents:
@@ -71,7 +92,7 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: 
     index = TensorIndex(files)
     names = [k for k in index.where if k.startswith("talker.") and talker_streamed_name(k[len("talker."):])]
     choice = quantization_choice(method, group_size, env="", act_env="", ks=[index.shape(k)[1] for k in names])
-    bits, group = BITS[method], choice.group_size
+    group = choice.group_size
     skip = set(files) | {src / "model.safetensors.index.json", src / "config.json"}
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
@@ -84,10 +105,10 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: 
             if k not in quantized:
                 tensors.append((k, index.get(k)))  # as stored (mapped)
                 continue
-            qw = quantize(index.read(k), method, group)  # the values quantize-at-load reads (load_strict)
-            module = k[:-len(".weight")]
+            qw = choice.apply(index.read(k), k[len("talker."):])  # what quantizing at load installs (load_strict)
+            bits, module = BITS[qw.method], k[:-len(".weight")]
             tensors += [(f"{module}.weight_packed", pack_int32(qw.codes(), bits)),    # int32 [N, K*bits/32]
-                        (f"{module}.weight_scale", qw.row_scales().contiguous()),     # fp32 [N, groups]
+                        (f"{module}.weight_scale", _disk_scales(qw, choice)),         # [N, groups]
                         (f"{module}.weight_shape", torch.tensor(qw.shape, dtype=torch.int64))]  # [2]: N, K
         write_safetensors(tmp / "model.safetensors", tensors)
         del tensors

@@ -144,6 +144,9 @@ def make_checkpoint_main(argv: list[str] | None = None) -> int:
                     help="checkpoint variant")
     ap.add_argument("--seed", type=int, default=0, help="weights seed (same seed, byte-identical files)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing non-empty directory")
+    ap.add_argument("--calibrated", action="store_true",
+                    help="confident weights: greedy decisions with a trained model's margins, for fidelity "
+                         "measurements (docs/quality.md#confident-random-checkpoints)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (also OMNILAB_PROGRESS=0)")
     add_verbosity(ap)
     args = ap.parse_args(argv)
@@ -151,8 +154,9 @@ def make_checkpoint_main(argv: list[str] | None = None) -> int:
     from omnilab.checkpoint.random import make_random_checkpoint
 
     p = make_random_checkpoint(args.path, size=args.size, variant=args.variant, seed=args.seed,
-                               overwrite=args.overwrite, progress=_progress(args))
-    print(json.dumps({"path": str(p), "size": args.size, "variant": args.variant, "seed": args.seed}))
+                               overwrite=args.overwrite, progress=_progress(args), calibrated=args.calibrated)
+    print(json.dumps({"path": str(p), "size": args.size, "variant": args.variant, "seed": args.seed,
+                      "calibrated": args.calibrated}))
     return 0
 
 

@@ -19,8 +19,9 @@ def quantize_main(argv: Sequence[str] | None = None) -> int:
                                  "output channel, W4A16 group-wise); every other file copied unchanged.")
     ap.add_argument("src", help="checkpoint directory (or hub id) to quantize")
     ap.add_argument("dst", help="directory to write (refused if it exists and is not empty, unless --overwrite)")
-    ap.add_argument("--method", required=True, choices=("int8", "int4"),
-                    help="int8: W8A16, one scale per output channel; int4: W4A16 group-wise (required)")
+    ap.add_argument("--method", required=True, choices=("int8", "int4", "int4-all"),
+                    help="int8: W8A16, one scale per output channel; int4: W4A16 group-wise talker with an int8 code "
+                         "predictor; int4-all: int4 everywhere (required)")
     ap.add_argument("--group-size", type=int, default=None,
                     help="int4 only: 32 | 64 | 128 (default: 128, or the largest of 64 / 32 "
                     "dividing every K)")

@@ -40,14 +40,13 @@ place of each selected ``weight`` parameter and ``kernels.linear`` sends it to `
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from omnilab.config import DEFAULT_INT4_GROUP_SIZE as DEFAULT_GROUP_SIZE  # the names and sizes every layer shares
-from omnilab.config import INT4_GROUP_SIZES, int4_groups_fitting, parse_quantization
+from omnilab.config import INT4_GROUP_SIZES, QUANT_RECIPES, has_int4, int4_groups_fitting, parse_quantization, part_format
 from omnilab.config import QUANT_METHODS as METHODS
 
 ROWS = 16            # output rows per interleaved block (AVX-512 lanes)
@@ -202,22 +201,60 @@ def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
     return from_codes("int8", q, scale)
 
 
-def quantize_int4(w: torch.Tensor, group_size: int = 128) -> QuantizedWeight:
-    """Symmetric int4 per ``group_size`` elements along K (32, 64 or 128; must divide K) of ``w`` [N, K]."""
+# int4 scale choices (docs/quantization.md#int4-scales): "rtn" round to nearest, scale = max|w| / 7 (fp32);
+# "wls": weighted least squares over a grid of clipping scales, stored fp16 (half the scale bytes on disk).
+INT4_SCALES = ("wls", "rtn")
+WLS_WEIGHTS = "uniform"  # u_i = 1 (least squares on the weights); "magnitude" (u_i = x_i^2) measured worse
+WLS_STEPS = tuple(d / 10 for d in range(-10, 21))  # candidate scales max|w| / (7 + d): clip (d > 0) or widen
+
+
+def wls_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 in [-7, 7], fp16-exact fp32 scales) of the groups ``x`` [..., G] minimising the weighted error
+    ``sum_i u_i (x_i - s q_i)^2`` (``u``: :data:`WLS_WEIGHTS`; uniform, as activations of random weights carry no
+    per-channel importance) over the candidate scales
+    ``max|x| / (7 + d)``, d in :data:`WLS_STEPS`: codes ``round(x / s_d)``, then ``s`` refitted in closed form
+    (``sum u x q / sum u q^2``) and rounded to fp16. d = 0 gives round to nearest's codes, so the weighted error is
+    at most RTN's plus the fp16 rounding of the scale."""
+    x = x.float()
+    u = torch.ones_like(x) if WLS_WEIGHTS == "uniform" else x * x + 1e-12  # [..., G]
+    amax = x.abs().amax(dim=-1, keepdim=True)  # [..., 1]
+    best_err = torch.full(amax.shape[:-1], float("inf"))
+    best_q = torch.zeros_like(x, dtype=torch.int8)
+    best_s = torch.zeros(amax.shape[:-1])
+    for d in WLS_STEPS:
+        s0 = amax / (7 + d)
+        q = torch.round(x / torch.where(s0 > 0, s0, torch.ones_like(s0))).clamp_(-7, 7)
+        den = (u * q * q).sum(-1)
+        scale = torch.where(den > 0, (u * x * q).sum(-1) / den.clamp_min(1e-30), torch.zeros_like(den))
+        scale = scale.clamp(max=65504.0).half().float()
+        err = (u * (x - scale.unsqueeze(-1) * q) ** 2).sum(-1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_s = torch.where(better, scale, best_s)
+        best_q = torch.where(better.unsqueeze(-1), q.to(torch.int8), best_q)
+    return best_q, best_s
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128, scales: str = "rtn") -> QuantizedWeight:
+    """Symmetric int4 per ``group_size`` elements along K (32, 64 or 128; must divide K) of ``w`` [N, K]; ``scales``:
+    ``"rtn"`` (max|w| / 7, fp32) or ``"wls"`` (:func:`wls_int4`, fp16-exact)."""
     if w.dim() != 2:
         raise ValueError(f"quantize_int4 takes a [N, K] matrix, got shape {tuple(w.shape)}")
+    if scales not in INT4_SCALES:
+        raise ValueError(f"int4 scales {scales!r}; accepted: {', '.join(INT4_SCALES)}")
     n, k = w.shape
     _check_group(k, group_size)
-    q, scale = _symmetric(w.detach().float().cpu().reshape(n, k // group_size, group_size), 7)
+    groups = w.detach().float().cpu().reshape(n, k // group_size, group_size)
+    q, scale = wls_int4(groups) if scales == "wls" else _symmetric(groups, 7)
     return from_codes("int4", q.reshape(n, k), scale, group_size)
 
 
-def quantize(w: torch.Tensor, method: str, group_size: int | None = None) -> QuantizedWeight:
-    """``quantize_int8(w)`` or ``quantize_int4(w, group_size)`` by name."""
+def quantize(w: torch.Tensor, method: str, group_size: int | None = None, scales: str = "rtn") -> QuantizedWeight:
+    """``quantize_int8(w)`` or ``quantize_int4(w, group_size, scales)`` by name."""
     if method == "int8":
         return quantize_int8(w)
     if method == "int4":
-        return quantize_int4(w, 128 if group_size is None else group_size)
+        return quantize_int4(w, 128 if group_size is None else group_size, scales)
     raise ValueError(f"unknown method {method!r}; accepted: {', '.join(METHODS)}")
 
 
@@ -253,8 +290,12 @@ def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 
 # ---- quantize at load: the talker's decode matrices ------------------------------------------------------
 QUANT_ENV = "OMNILAB_QUANTIZATION"
+SCALES_ENV = "OMNILAB_INT4_SCALES"
+# round to nearest: least squares measured no clear gain on tiny (docs/quantization.md#int4-scales) and costs ~20x
+# the quantizing time (0.6B at load: minutes on 2 cores); OMNILAB_INT4_SCALES=wls opts in (omnilab quantize too)
+DEFAULT_INT4_SCALES = "rtn"
 ACT_ENV = "OMNILAB_QUANT_ACTIVATIONS"
-QUANT_MODES = ("none",) + METHODS
+QUANT_MODES = ("none",) + tuple(QUANT_RECIPES)
 # qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|fp32 overrides): int8 activations add
 # ~0.55 % relative error, negligible next to int4 weights' ~10 % but about doubling int8 weights' ~0.8 %.
 AUTO_ACTIVATIONS = {"int8": "fp32", "int4": "int8"}
@@ -265,29 +306,44 @@ class Quantization:
     """Whether and how the talker's decode matrices (:func:`omnilab.kernels.storage.talker_streamed_name`) are
     quantized at load (from the file's values; fp32 compute through :func:`omnilab.kernels.qgemv.qlinear`)."""
 
-    method: str                 # "none" | "int8" | "int4"
-    group_size: int | None      # int4: 32 | 64 | 128; None otherwise (int8: one scale per output channel)
-    activations: str | None     # "fp32" | "int8" (None when method is "none")
+    method: str                 # recipe: "none" | "int8" | "int4" | "int4-all" (config.QUANT_RECIPES: format per part)
+    group_size: int | None      # the int4 parts' group: 32 | 64 | 128; None without int4 parts
+    activations: str | None     # "fp32" | "int8" (None when method is "none"): the int4 parts' (int8: all parts')
     reason: str
     source: str                 # "default" | "argument" | "env" | "checkpoint" | "client" (a worker: from_key)
     # which tensors (names without ``talker.``) to quantize: the loader sets storage.talker_streamed_name (:meth:`only`)
     names: Any = field(default=None, compare=False, repr=False)
+    int8_activations: str | None = None  # a mixed recipe's int8 parts (None: ``activations``)
+    int4_scales: str = "rtn"    # how int4 parts choose their scales (INT4_SCALES; OMNILAB_INT4_SCALES)
 
     @property
     def enabled(self) -> bool:
         return self.method != "none"
 
     @property
+    def mixed(self) -> bool:
+        """Parts in different formats (``int4``: int4 talker, int8 predictor)."""
+        return self.enabled and len(set(QUANT_RECIPES[self.method])) > 1
+
+    @property
     def label(self) -> str:
         if not self.enabled:
             return "none"
-        g = f", group {self.group_size}" if self.method == "int4" else ", per output channel"
+        if self.mixed:
+            return (f"{self.method}: int4 talker (group {self.group_size}, {self.activations} activations), int8 "
+                    f"code predictor ({self.int8_activations or self.activations} activations)")
+        g = f", group {self.group_size}" if has_int4(self.method) else ", per output channel"
         return f"{self.method} weights{g}, {self.activations} activations"
 
     def key(self) -> str:
-        """A compact string (``method/group/activations``) that :func:`from_key` turns back into this choice:
-        how the setting travels to stage worker processes (the view config)."""
-        return f"{self.method}/{self.group_size or 0}/{self.activations or ''}"
+        """A compact string (``method/group/activations[/int8 parts' activations]``) that :func:`from_key` turns back
+        into this choice: how the setting travels to stage worker processes (the view config)."""
+        return f"{self.method}/{self.group_size or 0}/{self.activations or ''}/{self.int8_activations or ''}/" + (
+            self.int4_scales)
+
+    def format_for(self, name: str) -> str:
+        """``"int8"`` / ``"int4"``: the recipe's format for the decode matrix ``name`` (without ``talker.``)."""
+        return part_format(self.method, name)
 
     def only(self, names: Any) -> "Quantization":
         """This choice applied to the tensors ``names(name)`` selects."""
@@ -297,17 +353,23 @@ class Quantization:
         """Whether the tensor ``name`` is quantized (enabled, and selected by :attr:`names`)."""
         return self.enabled and self.names is not None and bool(self.names(name))
 
-    def apply(self, w: "torch.Tensor | QuantizedWeight") -> QuantizedWeight:
-        """``w`` quantized with this choice; a ``QuantizedWeight`` (a checkpoint's codes) is kept as stored."""
-        qw = w if isinstance(w, QuantizedWeight) else quantize(w, self.method, self.group_size)
-        return dataclasses.replace(qw, activations=self.activations)
+    def apply(self, w: "torch.Tensor | QuantizedWeight", name: str | None = None) -> QuantizedWeight:
+        """``w`` (the decode matrix ``name``, without ``talker.``) quantized in its part's format; a
+        ``QuantizedWeight`` (a checkpoint's codes) is kept as stored. No ``name``: the recipe's lowest format."""
+        fmt = self.format_for(name) if name is not None else "int4" if has_int4(self.method) else "int8"
+        if isinstance(w, QuantizedWeight):
+            qw, fmt = w, w.method
+        else:
+            qw = quantize(w, fmt, self.group_size if fmt == "int4" else None, self.int4_scales)
+        act = self.int8_activations if fmt == "int8" and self.int8_activations else self.activations
+        return dataclasses.replace(qw, activations=act)
 
     def install(self, module: torch.nn.Module, name: str, w: torch.Tensor) -> QuantizedWeight:
         """Quantize ``w`` and put it in place of the parameter ``name`` of ``module`` (a plain attribute: the
         parameter leaves ``state_dict``/``parameters``; :func:`omnilab.kernels.linear` dispatches it)."""
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name)
-        qw = self.apply(w)
+        qw = self.apply(w, name)
         del owner._parameters[attr]
         setattr(owner, attr, qw)
         return qw
@@ -328,19 +390,19 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     given = ((settings.raw(QUANT_ENV) or "") if env is None else env).strip()
     if given:  # a spelling may name the int4 group ("int4-g64"); the variable's group wins like its method
         (m, spelled), source = parse_quantization(given, QUANT_ENV), "env"
-        group_size = spelled if spelled is not None else None if m != "int4" else group_size
+        group_size = spelled if spelled is not None else None if not has_int4(m) else group_size
     else:
         (m, spelled), source = parse_quantization(method, "quantization"), "default" if method is None else "argument"
         if spelled is not None and group_size is not None and spelled != group_size:
             raise ConfigError(f"quantization={method!r} and quant_group_size={group_size!r} disagree; give one")
         group_size = spelled if spelled is not None else group_size
-    if m != "int4" and group_size is not None and m != "none":
+    if not has_int4(m) and group_size is not None and m != "none":
         raise ConfigError(f"quant_group_size={group_size!r} applies to int4 only (quantization is {m!r}); "
                           f"int8 has one scale per output channel")
     if m == "none":
         why = f"{QUANT_ENV}={given}" if source == "env" else "no quantization requested"
         return Quantization("none", None, None, f"{why}: decode matrices as stored", source)
-    if m == "int4":
+    if has_int4(m):
         if group_size is not None and (isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES):
             raise ConfigError(f"quant_group_size={group_size!r}; accepted: {', '.join(map(str, INT4_GROUP_SIZES))}"
                               f" (or None = {DEFAULT_GROUP_SIZE})")
@@ -360,16 +422,31 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     raw_act = ((settings.raw(ACT_ENV) or "") if act_env is None else act_env).strip().lower() or "auto"
     if raw_act not in ("auto", "int8", "fp32"):
         raise ConfigError(f"{ACT_ENV}={raw_act!r}; accepted: auto, int8, fp32")
-    act = AUTO_ACTIVATIONS[m] if raw_act == "auto" else raw_act
+    act = AUTO_ACTIVATIONS["int4" if has_int4(m) else "int8"] if raw_act == "auto" else raw_act
     awhy = (f"{ACT_ENV}={raw_act}" if raw_act != "auto" else
-            "int8 activations add ~0.55 % relative error: negligible next to int4 weights' ~10 %" if m == "int4"
+            "int8 activations add ~0.55 % relative error: negligible next to int4 weights' ~10 %" if has_int4(m)
             else "fp32 activations: int8 ones would add ~0.55 % relative error, doubling int8 weights' ~0.8 %")
+    mixed = len(set(QUANT_RECIPES[m])) > 1
+    act8 = (AUTO_ACTIVATIONS["int8"] if raw_act == "auto" else raw_act) if mixed else None
+    if mixed:
+        gwhy += ("; the code predictor stays int8 (the vendor advises against quantizing it; GGUF ports ship a "
+                 "q8_0 predictor with a q5_k talker; docs/quantization.md#recipes; int4-all quantizes it too)")
     src = f"{QUANT_ENV}={given}" if source == "env" else f"quantization={method!r}"
-    return Quantization(m, g, act, f"{src}: talker decode matrices quantized at load ({gwhy}); {awhy}", source)
+    raw_scales = (settings.raw(SCALES_ENV) or "").strip().lower() or DEFAULT_INT4_SCALES
+    if raw_scales not in INT4_SCALES:
+        raise ConfigError(f"{SCALES_ENV}={raw_scales!r}; accepted: {', '.join(INT4_SCALES)}")
+    if has_int4(m):
+        gwhy += (f"; int4 scales {raw_scales} ({SCALES_ENV})" if (settings.raw(SCALES_ENV) or "").strip() else
+                 f"; int4 scales round to nearest (the default; least squares with {SCALES_ENV}=wls measured no clear "
+                 f"gain on tiny at 20x the quantizing time; docs/quantization.md#int4-scales)")
+    return Quantization(m, g, act, f"{src}: talker decode matrices quantized at load ({gwhy}); {awhy}", source,
+                        int8_activations=act8, int4_scales=raw_scales)
 
 
 def from_key(key: str, reason: str = "set by the client process") -> Quantization:
     """The :class:`Quantization` of :meth:`Quantization.key` (worker processes: no environment re-read)."""
-    m, g, act = key.split("/")
+    m, g, act, *rest = key.split("/")
     m = _parse_method(m, "quantization key")
-    return Quantization(m, int(g) or None, act or None, reason, "client")
+    act8, scales = (rest + ["", "rtn"])[:2] if len(rest) < 2 else rest[:2]
+    return Quantization(m, int(g) or None, act or None, reason, "client", int8_activations=act8 or None,
+                        int4_scales=scales or "rtn")

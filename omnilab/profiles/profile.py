@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 STAGES = ("talker", "code2wav")
 MODES = ("split", "shared")
 DTYPES = ("float32", "bfloat16")
-QUANTIZATIONS = ("none", "int8") + tuple(f"int4-g{g}" for g in INT4_GROUP_SIZES)
+QUANTIZATIONS = ("none", "int8") + tuple(f"{r}-g{g}" for r in ("int4", "int4-all") for g in INT4_GROUP_SIZES)
 
 
 def _show(name: str, v: Any) -> str:

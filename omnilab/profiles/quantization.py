@@ -1,7 +1,7 @@
 """The deploy profile's ``quantization`` field: whether and how the talker's decode matrices are quantized.
 
-Plain Python (no torch). Spellings: ``none``, ``int8`` (per output channel), ``int4-g32`` / ``-g64`` / ``-g128`` (a
-request of plain ``int4`` gets its group here); the shared names and sizes live in :mod:`omnilab.config`. The loader
+Plain Python (no torch). Spellings: ``none``, ``int8`` (per output channel), ``int4-g32`` / ``-g64`` / ``-g128`` (int4
+talker, int8 code predictor), ``int4-all-g32`` / ... (int4 everywhere); a request without a group gets its group here; the shared names and sizes live in :mod:`omnilab.config`. The loader
 (:func:`omnilab.kernels.quant.quantization_choice`) quantizes with exactly the field's method and group.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def quantization_field(geo: ModelGeometry, ov: Overrides) -> Resolved[str]:
     if group is not None and group not in fits:
         raise ConfigError(f"quantization={o[0]!r} ({o[1]}): group {group} does not divide the input width of every "
                           f"decode matrix (K = {sorted(set(ks))}); accepted here: "
-                          f"{', '.join(f'int4-g{g}' for g in fits) or 'none (use int8)'}")
+                          f"{', '.join(f'{method}-g{g}' for g in fits) or 'none (use int8)'}")
     if not fits:
         raise ConfigError(f"quantization={o[0]!r} ({o[1]}): no int4 group size divides every decode matrix's K = "
                           f"{sorted(set(ks))}; use int8")
@@ -55,4 +55,7 @@ def quantization_field(geo: ModelGeometry, ov: Overrides) -> Resolved[str]:
     gwhy = ("group given" if group is not None else f"default group {g}: the fewest scale bytes per decode step "
             "(6 % of the bytes at 128, 20 % at 32)" if g == DEFAULT_INT4_GROUP_SIZE else
             f"group {g}: the largest accepted size dividing every K = {sorted(set(ks))}")
-    return Resolved(quantization_spelling("int4", g), _set(o[1], f"int4 weights, {gwhy}"), o[1])
+    what = ("int4 talker weights with an int8 code predictor (the vendor advises against quantizing the predictor; "
+            "GGUF ports ship q5_k talker + q8_0 predictor; docs/quantization.md#recipes)" if method == "int4" else
+            "int4 weights in every part, code predictor included")
+    return Resolved(quantization_spelling(method, g), _set(o[1], f"{what}, {gwhy}"), o[1])

@@ -57,7 +57,7 @@ def describe(pipe: Any) -> str:
     model = getattr(pipe, "model", None)
     dtype = str(getattr(model, "dtype", "?")).replace("torch.", "")
     q = getattr(model, "quantization", None)
-    quant = f" {q.method}" + (f"-g{q.group_size}" if q.method == "int4" else "") if q is not None and q.enabled else ""
+    quant = f" {q.method}" + (f"-g{q.group_size}" if q.group_size else "") if q is not None and q.enabled else ""
     return f"{getattr(pipe, 'backend', '?')} {dtype}{quant}"
 
 
@@ -98,6 +98,15 @@ class ReferenceRun:
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def top1_prob(self) -> np.ndarray:
+        """Mean softmax probability of the reference's own greedy decisions per codebook ``[16]`` (codebook 0: its
+        scores as compared, ``c0_scores``; 1..15: the code predictor's fp32 logits), pooled over every frame: how
+        confident the decisions are, so how large a flip-free perturbation is (docs/quality.md#confident-random-
+        checkpoints)."""
+        c0 = [torch.softmax(fr.c0_scores, dim=-1).amax(-1) for *_, fr in self.items]  # [T] each
+        cp = [fr.cp_top1_prob for *_, fr in self.items]  # [T, 15] each
+        return torch.cat([torch.cat(c0)[:, None], torch.cat(cp)], dim=1).double().mean(0).numpy()
 
     def __repr__(self) -> str:
         frames = sum(len(res.codes) for res, *_ in self.items)

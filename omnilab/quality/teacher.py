@@ -46,6 +46,7 @@ class Forced:
     c0_scores: torch.Tensor          # [T, V] fp32: codebook-0 scores of frame t given frames < t
     cp_argmax: torch.Tensor          # [T, 15] int64: code predictor argmax of codebook i given codes 0..i-1
     stop_scores: torch.Tensor | None  # [V] fp32: scores after the last frame (None without stop_step)
+    cp_top1_prob: torch.Tensor | None = None  # [T, 15] fp32: softmax probability of the predictor's argmax
 
     @property
     def frames(self) -> int:
@@ -95,6 +96,7 @@ def teacher_force(talker, cfg: Qwen3TTSConfig, preq: PromptRequest, codes: torch
     h = hidden[-1]
     c0_scores = torch.empty(n, vocab, dtype=torch.float32)
     cp_argmax = torch.empty(n, 15, dtype=torch.long)
+    cp_prob = torch.empty(n, 15, dtype=torch.float32)
     warp = params.subtalker_warp
     codec = talker.model.codec_embedding
     stop = None
@@ -104,10 +106,12 @@ def teacher_force(talker, cfg: Qwen3TTSConfig, preq: PromptRequest, codes: torch
             stop = scores[0]
             break
         c0_scores[t] = scores[0]
-        cp_argmax[t] = talker.code_predictor.generate(h[None], codec(codes[t:t + 1, 0]), warp, [None],
-                                                      forced=codes[t:t + 1, 1:])[0]
+        picks, cp_logits = talker.code_predictor.generate(h[None], codec(codes[t:t + 1, 0]), warp, [None],
+                                                          forced=codes[t:t + 1, 1:], return_logits=True)
+        cp_argmax[t] = picks[0]
+        cp_prob[t] = torch.softmax(cp_logits[0], dim=-1).amax(-1)  # [15]
         if t + 1 < n or stop_step:  # the next frame's (or the stop step's) logits, given frames <= t
             x = talker.embed_frame(codes[t:t + 1]) + frame.text_track(prompt, t)[None]  # [1, H]
             h = talker(x[:, None], [cache])[0, 0]  # [H]
             logits = talker.logits(h[None])  # [1, V]
-    return Forced(c0_scores, cp_argmax, stop)
+    return Forced(c0_scores, cp_argmax, stop, cp_prob)

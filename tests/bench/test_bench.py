@@ -383,6 +383,7 @@ def test_quantization_and_dtype_rows_carry_points_and_fidelity(tiny_ckpt, tmp_pa
         assert 0 <= f["c0_agreement"] <= 1 and 0 <= f["cp_agreement"] <= 1 and f["c0_kl_mean"] >= 0
     ref = pts["eager+fp32"]["fidelity"]  # the reference's own numerics: identical by construction
     assert ref["c0_agreement"] == 1.0 and ref["cp_agreement"] == 1.0 and ref["c0_kl_mean"] < 1e-6
+    assert d["meta"]["fidelity_bf16"] == pts["eager+bf16"]["fidelity"]  # bf16's figures beside every row
     header = next(line for line in out if line.startswith("config "))  # the table's header line
     assert "c0 agree" in header and "decode GB/s" in header and "wave SNR dB" in header
 

@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 
 from omnilab.checkpoint.load import load_model
-from omnilab.checkpoint.quantized import (PackedScheme, pack_int32, parse_scheme, quantization_config,
+from omnilab.checkpoint.quantized import (PackedGroup, PackedScheme, pack_int32, parse_scheme, quantization_config,
                                           quantization_for, unpack_int32)
 from omnilab.checkpoint.random import write_safetensors
 from omnilab.checkpoint.write_quantized import quantize_checkpoint
@@ -32,11 +32,11 @@ TEXT = "Hello world, this is a test."
 
 @pytest.fixture(scope="module")
 def ckpts(tiny_ckpt, tmp_path_factory):
-    """{"src", "int8", "int4"}: the tiny CustomVoice checkpoint and its two quantized copies (int4: group 64, the
-    largest accepted size dividing the tiny K = 64 / 128)."""
+    """{"src", "int8", "int4", "int4-all"}: the tiny CustomVoice checkpoint and its quantized copies (int4 parts: group
+    64, the largest accepted size dividing the tiny K = 64 / 128; "int4": int4 talker, int8 predictor)."""
     src = tiny_ckpt("custom_voice")
     root = tmp_path_factory.mktemp("quantized")
-    return {"src": src, **{m: quantize_checkpoint(src, root / m, m, progress=False) for m in ("int8", "int4")}}
+    return {"src": src, **{m: quantize_checkpoint(src, root / m, m, progress=False) for m in ("int8", "int4", "int4-all")}}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_packing_and_config_agree_with_compressed_tensors():
 
 
 # ---- the written directory -------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int4-all"])
 def test_written_checkpoint_layout(ckpts, method):
     src, dst = ckpts["src"], ckpts[method]
     files = {p.relative_to(src) for p in src.rglob("*") if p.is_file()}
@@ -151,7 +151,8 @@ def test_written_checkpoint_layout(ckpts, method):
         m, bits = k[:-len(".weight")], (8 if method == "int8" else 4)
         assert after[f"{m}.weight_packed"].dtype == torch.int32
         assert tuple(after[f"{m}.weight_packed"].shape) == (n, kk * bits // 32)
-        assert after[f"{m}.weight_scale"].dtype == torch.float32  # fp32: exactly the at-load scales
+        # int8 and round-to-nearest int4 (the default): fp32, exactly the at-load scales (least squares: fp16, below)
+        assert after[f"{m}.weight_scale"].dtype == torch.float32
         assert tuple(after[f"{m}.weight_scale"].shape) == ((n, 1) if method == "int8" else (n, kk // 64))
         assert after[f"{m}.weight_shape"].dtype == torch.int64 and after[f"{m}.weight_shape"].tolist() == [n, kk]
     for k in set(before) - decode:  # embeddings, norms, text projection: bytes as stored
@@ -165,10 +166,10 @@ def test_compressed_tensors_decompresses_our_file_to_codes_times_scales(ckpts, l
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationConfig
 
-    scheme = QuantizationConfig.model_validate(json.loads((ckpts["int4"] / "config.json").read_text())
+    scheme = QuantizationConfig.model_validate(json.loads((ckpts["int4-all"] / "config.json").read_text())
                                                ["quantization_config"]).config_groups["group_0"]
-    t = _tensors(ckpts["int4"])
-    qw = _quantized_weights(loaded("file", "int4").talker)
+    t = _tensors(ckpts["int4-all"])
+    qw = _quantized_weights(loaded("file", "int4-all").talker)
     for name in ("codec_head", "model.layers.1.mlp.down_proj", "code_predictor.lm_head.7"):
         m = f"talker.{name}"
         dense = PackedQuantizationCompressor.decompress({p: t[f"{m}.{p}"] for p in
@@ -193,7 +194,7 @@ def test_refuses_to_overwrite_and_to_requantize(ckpts, tmp_path):
 
 
 # ---- loading ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int4", "int4-all"])
 def test_loading_gives_the_quantize_at_load_weights(loaded, method):
     packed, at_load = loaded("file", method), loaded("at_load", method)
     q = packed.quantization
@@ -238,19 +239,19 @@ def test_vllm_engine_loading_the_file_equals_eager_quantizing_at_load(ckpts, loa
     from omnilab.stages.eager import EagerTalkerStage, run_to_completion
     from omnilab.stages.vllm.engine import VllmStageConfig, VllmTalkerStage
 
-    ref_model = loaded("at_load", "int4")
+    ref_model = loaded("at_load", "int4-all")
     preq = build_request(ref_model, UserRequest(text=TEXT, speaker="vivian", language="english"))[0]
     params = SamplingParams.from_defaults(ref_model.generation, do_sample=False, subtalker_do_sample=False,
                                           max_new_tokens=4)
     eager = EagerTalkerStage(ref_model)
     eager.add_request("r", preq, params)
     ref = run_to_completion(eager.engine)["r"]["codes"]
-    client = load_model(ckpts["int4"], dtype="float32", load_talker=False,
-                        quantization=quantization_for(ckpts["int4"])[0])
+    client = load_model(ckpts["int4-all"], dtype="float32", load_talker=False,
+                        quantization=quantization_for(ckpts["int4-all"])[0])
     stage = VllmTalkerStage(client, VllmStageConfig(max_model_len=256, block_size=32))
     try:
         talker = stage.runner.talker
-        assert isinstance(talker.codec_head.weight, QuantizedWeight) and talker.quantization.method == "int4"
+        assert isinstance(talker.codec_head.weight, QuantizedWeight) and talker.quantization.method == "int4-all"
         stage.add_request("r", preq, params)
         frames = []
         while stage.has_unfinished():
@@ -278,7 +279,7 @@ def test_checkpoint_packed_elsewhere_with_minus_eight_and_bf16_scales(ckpts, tmp
                   version="0.17.0")
         qc["config_groups"]["group_0"]["weights"].update(group_size=64, observer="mse", actorder="static")
 
-    path = _variant(ckpts["int4"], tmp_path / "foreign", config=config, tensors=tensors)
+    path = _variant(ckpts["int4-all"], tmp_path / "foreign", config=config, tensors=tensors)
     qw = load_model(path, dtype="float32", load_encoders=False).talker.codec_head.weight
     assert qw.method == "int4" and qw.group_size == 64
     assert torch.equal(qw.codes(), codes) and int(qw.codes().min()) == -8
@@ -309,10 +310,11 @@ def _weights(**kw):
      r"input_activations \(activation quantization\)=.* is not supported; accepted: None"),
     (lambda qc: qc.update(kv_cache_scheme={"num_bits": 8}), r"kv_cache_scheme=.* is not supported; accepted: None"),
     (lambda qc: qc["config_groups"].update(group_1={"targets": ["re:.*lm_head.*"], "weights": {
-        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}}), r"config_groups mix schemes"),
+        "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}),
+     r"config_groups mix int4 group sizes"),  # an int8 + an int4 group is a recipe (test_recipes_...); two sizes not
 ])
 def test_refused_configs_name_the_value_and_the_accepted_ones(ckpts, edit, match):
-    qc = json.loads((ckpts["int4"] / "config.json").read_text())["quantization_config"]
+    qc = json.loads((ckpts["int4-all"] / "config.json").read_text())["quantization_config"]
     edit(qc)
     with pytest.raises(ConfigError, match=match):
         parse_scheme(qc)
@@ -321,7 +323,7 @@ def test_refused_configs_name_the_value_and_the_accepted_ones(ckpts, edit, match
 def test_a_refused_config_fails_the_pipeline_before_loading(ckpts, tmp_path):
     from omnilab.pipeline import Pipeline
 
-    path = _variant(ckpts["int4"], tmp_path / "gptq", config=lambda qc: qc.update(quant_method="gptq"))
+    path = _variant(ckpts["int4-all"], tmp_path / "gptq", config=lambda qc: qc.update(quant_method="gptq"))
     with pytest.raises(ConfigError, match="quant_method='gptq'"):
         Pipeline.from_pretrained(path, backend="eager", dtype="float32")
 
@@ -379,7 +381,7 @@ def _shape(value):
      ConfigError, r"weight_zero_point is not all zero \(asymmetric\); accepted: symmetric"),
 ])
 def test_refused_tensors_name_the_tensor(ckpts, tmp_path, edit, config, error, match):
-    path = _variant(ckpts["int4"], tmp_path / "bad", config=config, tensors=edit)
+    path = _variant(ckpts["int4-all"], tmp_path / "bad", config=config, tensors=edit)
     with pytest.raises(error, match=match):
         load_model(path, dtype="float32", load_encoders=False)
 
@@ -398,13 +400,15 @@ def test_quantization_argument_on_a_quantized_checkpoint(ckpts, monkeypatch):
     from omnilab.pipeline import Pipeline
 
     monkeypatch.delenv("OMNILAB_QUANTIZATION", raising=False)
-    for asked, group in (("int4", None), ("int4", 64)):  # the checkpoint's own: fine
-        assert quantization_for(ckpts["int4"], asked, group)[0].source == "checkpoint"
+    for asked, group in (("int4-all", None), ("int4-all", 64)):  # the checkpoint's own: fine
+        assert quantization_for(ckpts["int4-all"], asked, group)[0].source == "checkpoint"
     with pytest.raises(ConfigError, match=r"quantization='int8' asks for int8 but the checkpoint is already quantized "
-                                          r"\(int4 group 64.*accepted: None or .*'int4-g64'"):
-        Pipeline.from_pretrained(ckpts["int4"], backend="eager", dtype="float32", quantization="int8")
-    with pytest.raises(ConfigError, match=r"asks for int4 group 32 .*already quantized \(int4 group 64"):
-        quantization_for(ckpts["int4"], "int4", 32)
+                                          r"\(int4-all group 64.*accepted: None or .*'int4-all-g64'"):
+        Pipeline.from_pretrained(ckpts["int4-all"], backend="eager", dtype="float32", quantization="int8")
+    with pytest.raises(ConfigError, match=r"asks for int4-all group 32 .*already quantized \(int4-all group 64"):
+        quantization_for(ckpts["int4-all"], "int4-all", 32)
+    with pytest.raises(ConfigError, match=r"asks for int4 .*already quantized \(int4-all group 64"):
+        quantization_for(ckpts["int4-all"], "int4")  # another recipe: the predictor's format differs
     monkeypatch.setenv("OMNILAB_QUANTIZATION", "none")
     with pytest.raises(ConfigError, match=r"OMNILAB_QUANTIZATION=none asks for unquantized matrices"):
         quantization_for(ckpts["int8"])
@@ -413,7 +417,64 @@ def test_quantization_argument_on_a_quantized_checkpoint(ckpts, monkeypatch):
 
 
 def test_scheme_ignore_and_targets():
-    s = PackedScheme("int4", 64, ("talker.codec_head", "re:.*lm_head\\.1\\d$"), ("Linear",))
+    s = PackedScheme((PackedGroup("int4", 64, ("Linear",)),), ("talker.codec_head", "re:.*lm_head\\.1\\d$"))
     assert not s.targets_module("talker.codec_head") and not s.targets_module("talker.code_predictor.lm_head.12")
     assert s.targets_module("talker.code_predictor.lm_head.2") and s.targets_module("talker.model.layers.0.mlp.up_proj")
-    assert not PackedScheme("int8", None, (), ("re:.*mlp.*",)).targets_module("talker.codec_head")
+    assert not PackedScheme((PackedGroup("int8", None, ("re:.*mlp.*",)),)).targets_module("talker.codec_head")
+
+
+def test_recipes_quantize_exactly_the_parts_they_name(loaded, ckpts):
+    """Each recipe's format per part (int8 everywhere; int4: int4 talker layers and codec head, int8 predictor;
+    int4-all: int4 everywhere), counted on the QuantizedWeights a file loads into and on its config groups."""
+    from omnilab.config import QUANT_PARTS, QUANT_RECIPES, quant_part
+
+    for recipe in ("int8", "int4", "int4-all"):
+        weights = _quantized_weights(loaded("file", recipe).talker)  # name (without talker.) -> QuantizedWeight
+        counts: dict[tuple[str, str], int] = {}
+        for name, qw in weights.items():
+            counts[quant_part(name), qw.method] = counts.get((quant_part(name), qw.method), 0) + 1
+        # tiny: 2 talker layers x 7, codec head, 2 predictor layers x 7, 15 heads (no input projection at 0.6B shape)
+        per_part = {"talker_layers": 14, "codec_head": 1, "predictor_layers": 14, "predictor_heads": 15}
+        assert counts == {(p, f): per_part[p] for p, f in zip(QUANT_PARTS, QUANT_RECIPES[recipe])}, recipe
+    qc = json.loads((ckpts["int4"] / "config.json").read_text())["quantization_config"]["config_groups"]
+    assert [(g["weights"]["num_bits"], g["weights"]["group_size"]) for g in qc.values()] == [(4, 64), (8, None)]
+    assert all("Linear" not in g["targets"] for g in qc.values())  # the parts are named, so no group overlaps
+
+
+def test_int4_keeps_the_code_predictor_at_int8(loaded):
+    """What ``int4`` means: the predictor (layers, heads) is never below 8 bits unless a recipe (int4-all) says so."""
+    q = loaded("at_load", "int4").quantization
+    assert q.mixed and q.label.startswith("int4: int4 talker") and "code predictor stays int8" in q.reason
+    weights = _quantized_weights(loaded("at_load", "int4").talker)
+    assert {qw.method for n, qw in weights.items() if n.startswith("code_predictor.")} == {"int8"}
+    assert {qw.method for n, qw in weights.items() if not n.startswith("code_predictor.")} == {"int4"}
+    # int8 parts of a mixed recipe keep int8's activations (fp32), the int4 parts int4's (int8)
+    assert {(qw.method, qw.activations) for qw in weights.values()} == {("int8", "fp32"), ("int4", "int8")}
+
+
+def test_bad_recipe_names_list_the_accepted_ones():
+    from omnilab.config import parse_quantization
+
+    for bad in ("int4-some", "int2", "int8-g32", "int4-all-g48"):
+        with pytest.raises(ConfigError, match=r"accepted: .*int4-all|accepted: 32, 64, 128"):
+            parse_quantization(bad, "quantization")
+    assert parse_quantization("int4-all-g32", "q") == ("int4-all", 32)
+    assert parse_quantization("INT4-g64", "q") == ("int4", 64)
+
+
+def test_least_squares_int4_file_stores_fp16_scales_and_loads_the_at_load_weights(ckpts, tmp_path, monkeypatch):
+    """OMNILAB_INT4_SCALES=wls: the file's int4 scales are fp16 (half the bytes; chosen fp16-exact), its int8 parts
+    fp32, and it loads with no arguments into exactly the QuantizedWeights quantizing at load builds."""
+    monkeypatch.setenv("OMNILAB_INT4_SCALES", "wls")
+    dst = quantize_checkpoint(ckpts["src"], tmp_path / "wls", "int4", progress=False)
+    t = _tensors(dst)
+    assert t["talker.codec_head.weight_scale"].dtype == torch.float16
+    assert t["talker.code_predictor.lm_head.0.weight_scale"].dtype == torch.float32  # int8 part
+    a = _quantized_weights(load_model(dst, dtype="float32", load_encoders=False).talker)
+    at_load = load_model(ckpts["src"], dtype="float32", load_encoders=False,
+                         quantization=quantization_for(ckpts["src"], "int4")[0])
+    assert at_load.quantization.int4_scales == "wls"
+    b = _quantized_weights(at_load.talker)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name].qweight, b[name].qweight) and torch.equal(a[name].scales, b[name].scales), name

@@ -35,7 +35,7 @@ def check_shardable(tc: Any, tp: int, quantization: Any = None) -> None:
         ok = [str(n) for n in range(1, hkv + 1) if not hq % n and not hkv % n and not inter % n]
         raise InputError(f"a {tp}-rank tensor-parallel talker needs query heads, key/value heads and the MLP width "
                          f"divisible by {tp}; this checkpoint has {', '.join(bad)} (accepted sizes: {', '.join(ok)})")
-    group = getattr(quantization, "group_size", None) if getattr(quantization, "method", "none") == "int4" else None
+    group = getattr(quantization, "group_size", None)  # None without int4 parts
     if group:
         cols = {"o_proj input": hq * d // tp, "down_proj input": inter // tp}
         uneven = [f"{k} {v}" for k, v in cols.items() if v % group]
