@@ -80,7 +80,7 @@ class RemoteCode2WavSession:
         worker._send(("open", request_id, prefix))
 
     def take_spans(self) -> list[dict[str, Any]]:
-        """Spans of this session's decoded chunks (hop in, decode in the worker, hop out) since last call."""
+        """Spans of this stream's decoded chunks (hop in, decode in the worker, hop out) since last call."""
         return self.worker._take_spans(self.request_id)
 
     def submit(self, codes) -> int:
