@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilab import settings
-
-FRAME_SAMPLES = 1920
-SAMPLE_RATE = 24000
+from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME as FRAME_SAMPLES
 
 
 def load_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from omnilab.config import SAMPLE_RATE
+
 RESPONSE_FORMATS = ("wav", "pcm", "flac")
 REFUSED_FORMATS = ("mp3", "opus", "aac")  # no maintained encoder wheel in this environment
 SAMPLE_RATES = (8000, 24000)
