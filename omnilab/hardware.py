@@ -242,8 +242,9 @@ def select_isa(flags: frozenset[str] | set[str]) -> tuple[str | None, str]:
 
 
 def avx512_without_vnni(flags: frozenset[str] | set[str]) -> bool:
-    """The quantized GEMV's avx512 build uses ``vpdpbusd``: such a CPU runs its avx2 build."""
-    return "avx512f" in flags and "avx512_vnni" not in flags
+    """The quantized GEMV's avx512 build uses ``vpdpbusd`` / ``vpdpwssd`` (VNNI) and 16-bit shifts (BW): a CPU with
+    avx512f but not both runs its avx2 build."""
+    return "avx512f" in flags and not {"avx512_vnni", "avx512bw"} <= set(flags)
 
 
 def kernel_isas(flags: frozenset[str] | set[str]) -> dict[str, str]:

@@ -76,7 +76,7 @@ _OWN = (
     Setting("OMNILAB_CODE2WAV_CONV", "choice", "auto", "auto | taps | direct",
             "code2wav's fp32 convolutions: per-tap GEMMs, oneDNN's direct convolution, or by length",
             "omnilab/kernels/code2wav_conv.py"),
-    Setting("OMNILAB_QUANT_ACTIVATIONS", "choice", "auto", "auto | int8 | fp32",
+    Setting("OMNILAB_QUANT_ACTIVATIONS", "choice", "auto", "auto | int8 | int16 | fp32",
             "the activations of quantized matrices", "omnilab/kernels/quant.py"),
     Setting("OMNILAB_INT4_SCALES", "choice", "rtn", "rtn | wls",
             "how int4 parts choose their scales: round to nearest, or least squares over a clipping grid (fp16 on disk)",

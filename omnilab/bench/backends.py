@@ -9,7 +9,7 @@ A configuration is a base and optional ``+modifier`` suffixes (combinable), e.g.
   ``+inductor`` (the code predictor's MLPs compiled by inductor), and environment switches set while the
   configuration is built (worker processes inherit them): ``+torch-gemv``, ``+avx2-gemv``, ``+avx2-kernels``,
   ``+torch-snake``, ``+fp32-weights``, ``+huge-pages``, ``+int8`` / ``+int4`` / ``+int4-g32`` / ``+int4-g64`` (decode
-  matrices quantized at load), ``+int8-acts`` / ``+fp32-acts`` (their activations); ``+fp32-code2wav`` /
+  matrices quantized at load), ``+int8-acts`` / ``+int16-acts`` / ``+fp32-acts`` (their activations); ``+fp32-code2wav`` /
   ``+bf16-code2wav`` set code2wav's dtype (``OMNILAB_CODE2WAV_DTYPE``), ``+taps-conv`` / ``+direct-conv`` its fp32
   conv path (``OMNILAB_CODE2WAV_CONV``); ``+tp2`` (vllm-workers only) runs two
   tensor-parallel talker ranks (``OMNILAB_TALKER_TP=2``); ``+fp32`` / ``+bf16`` / ``+auto`` ask for that compute
@@ -60,6 +60,7 @@ MODIFIERS: dict[str, dict[str, str]] = {
     "+int4-all": {"OMNILAB_QUANTIZATION": "int4-all"},  # int4 code predictor too (int4: int8 predictor)
     "+int4-all-g32": {"OMNILAB_QUANTIZATION": "int4-all-g32"}, "+int4-all-g64": {"OMNILAB_QUANTIZATION": "int4-all-g64"},
     "+int8-acts": {"OMNILAB_QUANT_ACTIVATIONS": "int8"},  # quantized matrices' activations: int8 per row (VNNI)
+    "+int16-acts": {"OMNILAB_QUANT_ACTIVATIONS": "int16"},  # ... int16 per row (VNNI vpdpwssd)
     "+fp32-acts": {"OMNILAB_QUANT_ACTIVATIONS": "fp32"},  # ... fp32
     "+fp32": {}, "+bf16": {}, "+auto": {},  # the compute dtype asked for (DTYPE_SUFFIXES; default: --dtype)
     "+fp32-code2wav": {"OMNILAB_CODE2WAV_DTYPE": "float32"},  # code2wav's dtype (default: its auto rule)
@@ -229,15 +230,17 @@ def build(cfg: Config, ckpt: Path, s: Any):
 
 def labels(pipe: Any) -> dict[str, Any]:
     """What the pipeline resolved: GEMV, SnakeBeta, weight storage, and its processes."""
-    from omnilab.bench.floors import decode_bytes_per_frame
+    from omnilab.bench.floors import decode_bytes_by_part
 
     dep = pipe.deployment
+    parts = decode_bytes_by_part(pipe.model.talker) or {}
     q = dep.quantization.choice if dep.quantization is not None else None
     return {"gemv": dep.gemv.label, "snake": dep.snake.label, "weights": dep.weights.label,
             "dtype_ran": str(pipe.model.dtype).replace("torch.", ""), "dtype_reason": pipe.model.dtype_reason,
             "quantization": "none" if q is None or not q.enabled else
             (f"{q.method}-g{q.group_size}" if q.group_size else q.method),
-            "decode_bytes_per_frame": decode_bytes_per_frame(pipe.model.talker),
+            "decode_bytes_per_frame": sum(parts.values()) if parts else None,
+            "decode_bytes_talker": parts.get("talker"), "decode_bytes_predictor": parts.get("predictor"),
             "code2wav_dtype": dep.code2wav_dtype.label if dep.code2wav_dtype is not None else None,
             "code2wav_conv": dep.code2wav_conv.label if dep.code2wav_conv is not None else None,
             "deploy_profile": pipe.profile.name if pipe.profile is not None else None,

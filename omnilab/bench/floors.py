@@ -99,25 +99,32 @@ def _nbytes(w) -> int:
     return int(w.nbytes) if not hasattr(w, "element_size") else w.numel() * w.element_size()
 
 
-def decode_bytes_per_frame(talker) -> float | None:
+def decode_bytes_by_part(talker) -> dict[str, float] | None:
     """Weight bytes one frame's decode step reads at batch 1, from the loaded ``Talker`` as it is stored (bf16
-    storage, quantized codes and scales): the talker's decode matrices once, the code predictor's layers and
-    projection once per predicted codebook (15), each predictor head once. None when the talker lives in a worker
-    process (not loaded here). What ``effective_gbps`` divides by the step time."""
+    storage, quantized codes and scales), per part: ``talker`` (its decode matrices and codec head, once) and
+    ``predictor`` (the code predictor's layers and projection once per predicted codebook (15), each head once).
+    None when the talker lives in a worker process (not loaded here)."""
     if talker is None:
         return None
     from omnilab.kernels.storage import talker_streamed_name
 
     passes = len(talker.code_predictor.lm_head)
-    total = 0
+    parts = {"talker": 0.0, "predictor": 0.0}
     for mod_name, mod in talker.named_modules():
         w = mod.__dict__.get("weight") if "weight" not in mod._parameters else mod._parameters["weight"]
         name = f"{mod_name}.weight"
         if w is None or not talker_streamed_name(name):
             continue
         per_pass = name.startswith(("code_predictor.model.layers.", "code_predictor.small_to_mtp_projection."))
-        total += _nbytes(w) * (passes if per_pass else 1)
-    return float(total)
+        parts["predictor" if name.startswith("code_predictor.") else "talker"] += _nbytes(w) * (passes if per_pass
+                                                                                                   else 1)
+    return parts
+
+
+def decode_bytes_per_frame(talker) -> float | None:
+    """The sum of :func:`decode_bytes_by_part`: what ``effective_gbps`` divides by the step time."""
+    parts = decode_bytes_by_part(talker)
+    return None if parts is None else parts["talker"] + parts["predictor"]
 
 
 def measure_frame_floor(bpf: dict[str, float], dtype_name: str = "float32", reps: int = 5,

@@ -80,6 +80,7 @@ TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
     ("c2w stream ms/frame", ("code2wav_stream_steady_ms_per_frame",), _ms),
     ("c2w 1-frame chunk ms", ("code2wav_1f_chunk_ms",), _ms),
     ("decode GB/s", ("effective_gbps",), "{:.1f}"), ("N-stream decode GB/s", ("n_effective_gbps",), "{:.1f}"),
+    ("talker GB/s", ("talker_gbps",), "{:.1f}"), ("predictor GB/s", ("predictor_gbps",), "{:.1f}"),
     ("c0 agree", ("fidelity_c0_agreement",), "{:.3f}"), ("c0 KL", ("fidelity_c0_kl_mean",), "{:.2g}"),
     ("cp agree", ("fidelity_cp_agreement",), "{:.3f}"), ("wave SNR dB", ("fidelity_wave_snr_db",), "{:.1f}"),
     ("peak RSS GiB", ("peak_rss_gib",), "{:.2f}"), ("init s", ("init_s",), "{:.0f}"),
@@ -150,6 +151,7 @@ class BenchResult:
                         "n_frames_per_s": r.get("n_frames_per_s"), "ttfa_ms_p50": r.get("ttfa_ms"),
                         "decode_bytes_per_frame": r.get("decode_bytes_per_frame"),
                         "effective_gbps": r.get("effective_gbps"), "n_effective_gbps": r.get("n_effective_gbps"),
+                        "talker_gbps": r.get("talker_gbps"), "predictor_gbps": r.get("predictor_gbps"),
                         "fidelity": r.get("fidelity"),
                         # --interleave with an +auto sibling: this row / auto, median of per-round ratios
                         "step_vs_auto": r.get("step_vs_auto"), "ttfa_vs_auto": r.get("ttfa_vs_auto"),

@@ -195,6 +195,10 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
             r["effective_gbps"] = r["decode_bytes_per_frame"] / (r["step_ms"] * 1e-3) / 1e9
             if isinstance(r.get("n_step_ms"), float):  # N streams: one read of the weights for N rows
                 r["n_effective_gbps"] = r["decode_bytes_per_frame"] / (r["n_step_ms"] * 1e-3) / 1e9
+        for part in ("talker", "predictor"):  # each part's own read bandwidth: its bytes / its share of the step
+            nbytes, ms = r.get(f"decode_bytes_{part}"), r.get(f"{part}_ms")
+            if isinstance(nbytes, float) and isinstance(ms, float) and ms > 0:
+                r[f"{part}_gbps"] = nbytes / (ms * 1e-3) / 1e9
     if not child:
         from omnilab.bench.fidelity import add_fidelity
         add_fidelity(cfg, fidelity_checkpoint(cfg, ckpt), prompts, rows, meta)

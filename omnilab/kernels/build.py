@@ -30,8 +30,9 @@ LINK_FLAGS = {"snake": ("-lmvec",), "attn": ("-lmvec",), "stack": ("-lmvec",)}  
 # per source: the decode attention rounds each RoPE op as torch does, the stack its SwiGLU (no a * b + c contracted
 # into one FMA)
 SOURCE_FLAGS = {"attn": ("-ffp-contract=off",), "stack": ("-ffp-contract=off",)}
-# per source and ISA: the quantized GEMV's avx512 build uses vpdpbusd (qgemv.py picks it only with avx512_vnni)
-SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni",)}
+# per source and ISA: the quantized GEMV's avx512 build uses vpdpbusd, vpdpwssd and 16-bit shifts (qgemv.py picks it
+# only with avx512_vnni and avx512bw)
+SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni", "-mavx512bw")}
 
 
 def find_compiler() -> str | None:

@@ -9,7 +9,7 @@
 // The weights are read from memory once for all M rows: the block is finished for rows 0..MB-1, then the
 // next MB rows re-read it from L1/L2 (a block is 16 x K bytes or less).
 //
-// Two modes (argument act_int8):
+// Three modes (argument act: 0 fp32, 1 int8, 2 int16 activations):
 //  - int8 activations: x quantized per row and 32-wide block of K (xq = rne(x * 127/amax), xs = amax/127,
 //    quant.py: quantize_activations). Per block, an exact int32 dot: AVX-512 vpdpbusd (unsigned stored code x
 //    signed activation, 4 products per lane per instruction; the stored code's offset (+128 / +8) is removed
@@ -18,6 +18,13 @@
 //    int16 and widened by one vpmaddwd, 8 * 2 * 15 * 127 < 2^15, measured +1-14 % on a 2-core AVX2 EPYC with
 //    bitwise the same results). Then, per block, in fp32:
 //    acc += float(dot) * (scale[n, group] * xs[m, block]).
+//  - int16 activations: x quantized per row and 32-wide block as above with 32767 for 127 (quant.py:
+//    quantize_activations(bits=16)), stored per 4 k as (k0, k2), (k1, k3) pairs. Per block an exact int32 dot of
+//    the stored unsigned code (u8, or nibble) and the int16 activation, two k per lane per instruction: AVX-512
+//    VNNI vpdpwssd, AVX2 vpmaddwd; the code's word is split out of its dword by a mask and a 16-bit shift (even
+//    bytes: k0, k2; odd: k1, k3), the offset removed through the start value as above. |dot| <= 32 * 255 * 32767
+//    + 128 * 32 * 32767 < 2^31. The activation error is 1/256 of int8's (next to int8 weights' ~0.8 %,
+//    negligible), at the integer path's cost: no code is expanded to fp32.
 //  - fp32 activations: each code is expanded to fp32 in registers (int8: shifts + convert; int4 on AVX-512:
 //    a 16-entry vpermps table of -8..7, on AVX2: shift, mask, convert), multiplied by x[m, k] broadcast into
 //    two per-group accumulators (alternate k, for FMA latency), acc += (g0 + g1) * scale[n, group] at the end
@@ -128,7 +135,7 @@ struct Args {
   const float* b;     // bias [N] or null
   float* y;           // [M, N]
   int64_t M, N, Kp, gs, groups, nb;  // nb = Kp / 32
-  const int8_t* xq;   // int8 mode: [M, Kp] codes, xs [M, nb] scales, xc [M, nb] accumulator starts
+  const int8_t* xq;   // int8 / int16 modes: [M, Kp] codes (int16: as bytes), xs [M, nb] scales, xc [M, nb] starts
   const float* xs;
   const int32_t* xc;
   const float* xf;    // fp32 mode: x [M, Kp] (zero-padded)
@@ -137,16 +144,17 @@ struct Args {
 #if LANES == 16
 // Outputs of one block (the 16 rows at i * 16; h is 0) for rows m0..m0+MB-1, int8 activations, AVX-512 (AVX2 runs
 // pair_i8 below).
-template <int BITS, int MB>
+template <int BITS, int MB, bool A16>
 static void block_i8(const Args& a, int64_t i, int h, int64_t m0) {
   constexpr int CH = BITS == 8 ? 8 : 4;  // 64-byte chunks per 32-wide K block
   const uint8_t* w = a.w + i * ROWS * a.Kp * BITS / 8 + h * LANES * 4;
   const float* s = a.s + i * a.groups * ROWS + h * LANES;
   const int64_t per_group = a.gs / ACT;
-  // Two int32 chains per row when few rows (shorter vpdpbusd dependency chains; integer sums are exact, so
-  // the split may depend on MB without changing any result).
+  // Two int32 chains per row when few rows (shorter dependency chains; integer sums are exact, so the split may
+  // depend on MB without changing any result).
   constexpr int NA = (LANES == 16 && MB <= 4) ? 2 : 1;
   const int64_t pf = g_prefetch[a.M == 1 ? 0 : 1];
+  constexpr int XB = A16 ? 2 : 1;  // bytes per activation
   vf acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = fzero();
   for (int64_t kb = 0; kb < a.nb; ++kb) {
@@ -155,12 +163,29 @@ static void block_i8(const Args& a, int64_t i, int h, int64_t m0) {
     for (int m = 0; m < MB; ++m) {
       dot[0][m] = iset(a.xc[(m0 + m) * a.nb + kb]);
       if (NA == 2) dot[NA - 1][m] = iset(0);
-      x4[m] = (const int32_t*)(a.xq + (m0 + m) * a.Kp + kb * ACT);
+      x4[m] = (const int32_t*)(a.xq + ((m0 + m) * a.Kp + kb * ACT) * XB);
     }
     for (int c = 0; c < CH; ++c) {
       if (pf) _mm_prefetch((const char*)(w + (kb * CH + c) * 64 + pf), _MM_HINT_T0);
       const vi raw = iload(w + (kb * CH + c) * 64);
-      if constexpr (BITS == 8) {
+      if constexpr (A16) {
+        const vi lo8 = iset(0x00FF00FF);
+        if constexpr (BITS == 8) {  // chunk c: k 4c..4c+3, activation dwords 2c (k0, k2) and 2c + 1 (k1, k3)
+          const vi ev = _mm512_and_si512(raw, lo8), od = _mm512_srli_epi16(raw, 8);
+          for (int m = 0; m < MB; ++m) {
+            dot[0][m] = _mm512_dpwssd_epi32(dot[0][m], ev, iset(x4[m][2 * c]));
+            dot[NA - 1][m] = _mm512_dpwssd_epi32(dot[NA - 1][m], od, iset(x4[m][2 * c + 1]));
+          }
+        } else {  // low nibbles: k 8c..8c+3 (dwords 4c, 4c + 1); high: k 8c+4..8c+7 (4c + 2, 4c + 3)
+          const vi mask = iset(0x0F0F0F0F);
+          const vi lo = _mm512_and_si512(raw, mask), hi = _mm512_and_si512(_mm512_srli_epi32(raw, 4), mask);
+          const vi q[4] = {_mm512_and_si512(lo, lo8), _mm512_srli_epi16(lo, 8), _mm512_and_si512(hi, lo8),
+                           _mm512_srli_epi16(hi, 8)};
+          for (int m = 0; m < MB; ++m)
+            for (int j = 0; j < 4; ++j)
+              dot[j & (NA - 1)][m] = _mm512_dpwssd_epi32(dot[j & (NA - 1)][m], q[j], iset(x4[m][4 * c + j]));
+        }
+      } else if constexpr (BITS == 8) {
         const W8 wv(raw);
         for (int m = 0; m < MB; ++m) dot[c % NA][m] = wv.dot(dot[c % NA][m], x4[m][c]);
       } else {
@@ -238,7 +263,7 @@ static void block_f32(const Args& a, int64_t i, int h, int64_t m0) {
 // so the results are bitwise the same. Measured on a 2-core AVX2 EPYC, 2 threads, int4, the 0.6B predictor's
 // four fused decode shapes x 5 (42 MB), median of 7 alternated rounds: one row 20.6 vs 17.9 GB/s, 4 rows 12.4 vs
 // 10.9, 8 rows 7.3 vs 6.2 (prefetch 4096); int8 2 rows 20.9 vs 17.8.
-template <int BITS, int MB>
+template <int BITS, int MB, bool A16>
 static void pair_i8(const Args& a, int64_t i, int64_t m0) {
   constexpr int CH = BITS == 8 ? 8 : 4;  // 64-byte chunks per 32-wide K block
   const uint8_t* w = a.w + i * ROWS * a.Kp * BITS / 8;
@@ -252,10 +277,30 @@ static void pair_i8(const Args& a, int64_t i, int64_t m0) {
     const int32_t* x4[MB];
     for (int m = 0; m < MB; ++m) {
       dot[0][m] = dot[1][m] = iset(a.xc[(m0 + m) * a.nb + kb]);
-      x4[m] = (const int32_t*)(a.xq + (m0 + m) * a.Kp + kb * ACT);
+      x4[m] = (const int32_t*)(a.xq + ((m0 + m) * a.Kp + kb * ACT) * (A16 ? 2 : 1));
     }
     const uint8_t* wb = w + kb * CH * 64;
-    if constexpr (BITS == 4) {
+    if constexpr (A16) {  // as block_i8's int16 mode, vpmaddwd for vpdpwssd, both halves per chunk
+      const vi lo8 = iset(0x00FF00FF), mask = iset(0x0F0F0F0F);
+      for (int c = 0; c < CH; ++c) {
+        if (pf) _mm_prefetch((const char*)(wb + c * 64 + pf), _MM_HINT_T0);
+        for (int h = 0; h < 2; ++h) {
+          const vi raw = iload(wb + c * 64 + 32 * h);
+          if constexpr (BITS == 8) {
+            const vi ev = _mm256_and_si256(raw, lo8), od = _mm256_srli_epi16(raw, 8);
+            for (int m = 0; m < MB; ++m)
+              dot[h][m] = iadd(dot[h][m], iadd(_mm256_madd_epi16(ev, iset(x4[m][2 * c])),
+                                               _mm256_madd_epi16(od, iset(x4[m][2 * c + 1]))));
+          } else {
+            const vi lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi32(raw, 4), mask);
+            const vi q[4] = {_mm256_and_si256(lo, lo8), _mm256_srli_epi16(lo, 8), _mm256_and_si256(hi, lo8),
+                             _mm256_srli_epi16(hi, 8)};
+            for (int m = 0; m < MB; ++m)
+              for (int j = 0; j < 4; ++j) dot[h][m] = iadd(dot[h][m], _mm256_madd_epi16(q[j], iset(x4[m][4 * c + j])));
+          }
+        }
+      }
+    } else if constexpr (BITS == 4) {
       // the block's 8 vpmaddubsw results summed in int16, widened once: each vpmaddubsw lane is
       // code_a * x_a + code_b * x_b with codes 0..15 and |x| <= 127, |.| <= 3810, so the 8 of a 32-wide block sum to
       // |.| <= 30480 < 2^15 (no overflow: the int32 dot is the same exact integer; measured +1-14 %)
@@ -303,34 +348,36 @@ static void pair_i8(const Args& a, int64_t i, int64_t m0) {
   }
 }
 
-template <int BITS, int MB>
+template <int BITS, int MB, bool A16>
 static inline void pair_rows(const Args& a, int64_t i, int64_t m0, int64_t r) {
   if constexpr (MB > 1)
-    if (r < MB) return pair_rows<BITS, MB - 1>(a, i, m0, r);
-  pair_i8<BITS, MB>(a, i, m0);
+    if (r < MB) return pair_rows<BITS, MB - 1, A16>(a, i, m0, r);
+  pair_i8<BITS, MB, A16>(a, i, m0);
 }
 #endif
 
-template <int BITS, bool I8, int MB>
+// ACTM: 0 fp32, 1 int8, 2 int16 activations.
+template <int BITS, int ACTM, int MB>
 static inline void block(const Args& a, int64_t i, int h, int64_t m0) {
 #if LANES == 16
-  if constexpr (I8) return block_i8<BITS, MB>(a, i, h, m0);
+  if constexpr (ACTM > 0) return block_i8<BITS, MB, ACTM == 2>(a, i, h, m0);
 #else
-  static_assert(!I8, "AVX2 runs int8 activations through pair_i8");
+  static_assert(ACTM == 0, "AVX2 runs integer activations through pair_i8");
 #endif
   block_f32<BITS, MB>(a, i, h, m0);
 }
 
 // block<MB = r> for r = 1..MB rows.
-template <int BITS, bool I8, int MB>
+template <int BITS, int ACTM, int MB>
 static inline void rows(const Args& a, int64_t i, int h, int64_t m0, int64_t r) {
   if constexpr (MB > 1)
-    if (r < MB) return rows<BITS, I8, MB - 1>(a, i, h, m0, r);
-  block<BITS, I8, MB>(a, i, h, m0);
+    if (r < MB) return rows<BITS, ACTM, MB - 1>(a, i, h, m0, r);
+  block<BITS, ACTM, MB>(a, i, h, m0);
 }
 
-template <int BITS, bool I8>
+template <int BITS, int ACTM>
 static void run(const Args& a, int nt) {
+  constexpr bool I8 = ACTM > 0;
   constexpr int MB = I8 ? MB_I8 : MB_F32;
   const int64_t blocks = (a.N + ROWS - 1) / ROWS;
 #pragma omp parallel num_threads(nt)
@@ -341,12 +388,12 @@ static void run(const Args& a, int nt) {
     if constexpr (I8) {
       for (int64_t i = lo; i < hi; ++i)
         for (int64_t m0 = 0; m0 < a.M; m0 += MB_PAIR)
-          pair_rows<BITS, MB_PAIR>(a, i, m0, a.M - m0 < MB_PAIR ? a.M - m0 : MB_PAIR);
+          pair_rows<BITS, MB_PAIR, ACTM == 2>(a, i, m0, a.M - m0 < MB_PAIR ? a.M - m0 : MB_PAIR);
     } else
 #endif
     for (int64_t i = lo; i < hi; ++i)
       for (int h = 0; h < HALVES && i * ROWS + h * LANES < a.N; ++h)
-        for (int64_t m0 = 0; m0 < a.M; m0 += MB) rows<BITS, I8, MB>(a, i, h, m0, a.M - m0 < MB ? a.M - m0 : MB);
+        for (int64_t m0 = 0; m0 < a.M; m0 += MB) rows<BITS, ACTM, MB>(a, i, h, m0, a.M - m0 < MB ? a.M - m0 : MB);
   }
 }
 
@@ -397,6 +444,39 @@ static void quantize_x(const float* x, int64_t M, int64_t K, int64_t Kp, int bit
     }
 }
 
+// int16 activations: per row and 32-wide block, amax, inv = 32767 / amax (0 if amax is 0), q = rne(x * inv),
+// xs = amax / 32767, xc = -offset * sum(q) (offset 128 for int8 codes, 8 for int4, on both ISAs); q stored per 4 k
+// as (k0, k2, k1, k3), the pairs the kernel's 16-bit dots take. The same fp32 operations as quant.py:
+// quantize_activations(bits=16) (|x * inv| <= 32767 * (1 + 2^-23): the conversion never leaves [-32767, 32767]).
+static void quantize_x16(const float* x, int64_t M, int64_t K, int64_t Kp, int bits, int16_t* xq, float* xs,
+                         int32_t* xc) {
+  const int32_t off = bits == 8 ? 128 : 8;
+  const int64_t nb = Kp / ACT;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t kb = 0; kb < nb; ++kb) {
+      alignas(64) float v[ACT];
+      const int64_t k0 = kb * ACT, have = K - k0 < ACT ? K - k0 : ACT;
+      memcpy(v, x + m * K + k0, have * sizeof(float));
+      for (int64_t j = have; j < ACT; ++j) v[j] = 0.0f;
+      float amax = 0.0f;
+      for (int j = 0; j < ACT; ++j) {
+        const float av = v[j] < 0.0f ? -v[j] : v[j];
+        amax = av > amax ? av : amax;
+      }
+      const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+      int16_t* q = xq + m * Kp + k0;
+      int32_t sum = 0;
+      for (int j = 0; j < ACT; ++j) {
+        const int32_t r = (int32_t)__builtin_nearbyintf(v[j] * inv);  // round half to even (default mode)
+        const int32_t c = r > 32767 ? 32767 : r < -32767 ? -32767 : r;
+        q[(j & ~3) + ((j & 1) << 1) + ((j >> 1) & 1)] = (int16_t)c;  // k0, k1, k2, k3 -> slots 0, 2, 1, 3
+        sum += c;
+      }
+      xs[m * nb + kb] = amax / 32767.0f;
+      xc[m * nb + kb] = -off * sum;
+    }
+}
+
 extern "C" {
 const char* omnilab_qgemv_isa() { return ISA_NAME; }
 
@@ -411,33 +491,41 @@ int omnilab_qgemv_set_prefetch(int64_t one_row_i8, int64_t rows_i8, int64_t f32)
   return 0;
 }
 
-// y[M, N] = x[M, K] @ W^T (+ b). bits 8 (group: all of K) or 4 (gs in 32, 64, 128 dividing K). act_int8:
-// 1 = int8 activations, 0 = fp32. nt threads. Returns 0, or -1 for arguments outside that.
+// y[M, N] = x[M, K] @ W^T (+ b). bits 8 (group: all of K) or 4 (gs in 32, 64, 128 dividing K). act: 0 = fp32
+// activations, 1 = int8, 2 = int16. nt threads. Returns 0, or -1 for arguments outside that.
 int omnilab_qgemv(const float* x, const uint8_t* w, const float* s, const float* b, float* y, int64_t M,
-                  int64_t N, int64_t K, int bits, int64_t gs, int act_int8, int nt) {
-  if (M < 1 || N < 1 || K < 1 || (bits != 8 && bits != 4)) return -1;
+                  int64_t N, int64_t K, int bits, int64_t gs, int act, int nt) {
+  if (M < 1 || N < 1 || K < 1 || (bits != 8 && bits != 4) || act < 0 || act > 2) return -1;
   if (bits == 4 && (gs < ACT || gs % ACT || K % gs)) return -1;
   const int64_t Kp = bits == 8 ? (K + ACT - 1) / ACT * ACT : K;
   if (bits == 8) gs = Kp;
   Args a{w, s, b, y, M, N, Kp, gs, Kp / gs, Kp / ACT, nullptr, nullptr, nullptr, x};
   static thread_local std::vector<int8_t> xq;
+  static thread_local std::vector<int16_t> xq16;
   static thread_local std::vector<float> xs, xf;
   static thread_local std::vector<int32_t> xc;
   if (nt < 1) nt = 1;
-  if (act_int8) {
+  if (act == 2) {
+    xq16.resize(M * Kp);
+    xs.resize(M * a.nb);
+    xc.resize(M * a.nb);
+    quantize_x16(x, M, K, Kp, bits, xq16.data(), xs.data(), xc.data());
+    a.xq = (const int8_t*)xq16.data(), a.xs = xs.data(), a.xc = xc.data();
+    if (bits == 8) run<8, 2>(a, nt); else run<4, 2>(a, nt);
+  } else if (act == 1) {
     xq.resize(M * Kp);
     xs.resize(M * a.nb);
     xc.resize(M * a.nb);
     quantize_x(x, M, K, Kp, bits, xq.data(), xs.data(), xc.data());
     a.xq = xq.data(), a.xs = xs.data(), a.xc = xc.data();
-    if (bits == 8) run<8, true>(a, nt); else run<4, true>(a, nt);
+    if (bits == 8) run<8, 1>(a, nt); else run<4, 1>(a, nt);
   } else {
     if (Kp != K) {
       xf.assign(M * Kp, 0.0f);
       for (int64_t m = 0; m < M; ++m) memcpy(xf.data() + m * Kp, x + m * K, K * sizeof(float));
       a.xf = xf.data();
     }
-    if (bits == 8) run<8, false>(a, nt); else run<4, false>(a, nt);
+    if (bits == 8) run<8, 0>(a, nt); else run<4, 0>(a, nt);
   }
   return 0;
 }

@@ -11,6 +11,10 @@ Activations (``activations=``, default :data:`DEFAULT_ACTIVATIONS`):
   (AVX-512 VNNI ``vpdpbusd``; AVX2 ``vpmaddubsw``). Error against ``x @ dequantize().T``:
   per block at most ``xs/2 * sum|w|`` (xs = block amax / 127), besides fp32 rounding;
   ``quant.int8_act_reference`` is the same computation in torch (equal up to fp32 rounding of the block sum).
+- ``"int16"``: the same with 16-bit activation codes (``quantize_activations(x, bits=16)``; AVX-512 VNNI
+  ``vpdpwssd``, AVX2 ``vpmaddwd``): 1/256 of int8's activation error, so the result is ``x @ dequantize().T``
+  within ~2e-5 relative per block, at the integer path's speed (no code expanded to fp32).
+  ``quant.int_act_reference(x, qw, 16)`` is the same computation in torch.
 - ``"fp32"``: codes expanded to fp32 in registers, FMA with x: only the weights are quantized; the result is
   ``x @ dequantize().T`` up to fp32 rounding (K products summed in another order).
 
@@ -23,8 +27,8 @@ Choice, resolved once per process (:func:`qgemv_choice`), with a reason; ``OMNIL
 ``auto`` (default: the kernel for the CPU's widest ISA if a C++ compiler builds it, else torch with a warning),
 ``omnilab`` / ``omnilab-avx512`` / ``omnilab-avx2`` (the kernel, or an error), ``torch``. The avx512 build
 needs ``avx512_vnni`` too; a CPU with avx512f and no VNNI gets the avx2 build under ``auto``. The torch
-fallback computes the same result up to fp32 rounding (``fp32``: dequantize + ``F.linear``; ``int8``:
-``quant.int8_act_reference``).
+fallback computes the same result up to fp32 rounding (``fp32``: dequantize + ``F.linear``; ``int8`` / ``int16``:
+``quant.int_act_reference``).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ import torch.nn.functional as F
 
 from omnilab import settings
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
-from omnilab.kernels.quant import ROWS, QuantizedWeight, int8_act_reference
+from omnilab.kernels.quant import ROWS, QuantizedWeight, int_act_reference
 from omnilab.kernels.trust import open_library, symbol
 
 ENV = "OMNILAB_CPU_QGEMV"
@@ -49,7 +53,8 @@ PREFILL_BLOCK = 1024     # output rows dequantized at a time beyond CHUNKED_MAX_
 # 0.8/2.4/6.9/13.1 ms vs 14.0/16.9/28.2/41.2 dequantized; int8 1.1/3.4/9.6/32.0 vs 5.5/8.8/16.0/40.1. A row's
 # result then stays independent of the other rows, as at decode.
 CHUNKED_MAX_ROWS = 1024
-ACTIVATIONS = ("int8", "fp32")
+ACTIVATIONS = ("int8", "int16", "fp32")
+ACT_MODE = {"fp32": 0, "int8": 1, "int16": 2}  # qgemv.cpp's act argument
 # int8 activations: as fast as fp32 where the call is bandwidth bound (1 row, 2 threads) and 1.3-2.2x faster
 # where the conversions make the fp32 mode compute bound (4 rows; 1 thread); measured over the 0.6B talker's
 # layer matrices on 2 Zen 4 cores. Cost: ~0.5 % relative error on Gaussian inputs, ~1.2 % with 50x outlier
@@ -110,9 +115,9 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     if _no_vnni(flags):  # the avx512 build uses vpdpbusd: such a CPU runs the avx2 build
         raw = ((settings.raw(ENV) or "") if env is None else env).strip().lower()
         if raw == "omnilab-avx512":
-            raise RuntimeError(f"{ENV}=omnilab-avx512 needs a CPU with avx512f and avx512_vnni (vpdpbusd); this "
-                               "one has avx512f without avx512_vnni: use omnilab-avx2 or auto")
-        flags, note = flags - {"avx512f"}, " (avx512f without avx512_vnni: the avx2 build)"
+            raise RuntimeError(f"{ENV}=omnilab-avx512 needs a CPU with avx512f and avx512_vnni and avx512bw (vpdpbusd, "
+                               "vpdpwssd); this one has avx512f without avx512_vnni or avx512bw: use omnilab-avx2 or auto")
+        flags, note = flags - {"avx512f"}, " (avx512f without avx512_vnni or avx512bw: the avx2 build)"
     lib, reason, source = resolve_kernel(ENV, "quantized GEMV", "qgemv", _Lib, "torch: dequantize + F.linear "
                                          "(fp32 activations) or its int8-activation reference", env, flags)
     if lib is None:
@@ -120,9 +125,9 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     from omnilab.kernels.prefetch import SLOTS, resolve as resolve_prefetch
 
     pf = resolve_prefetch(lib)
-    reason = (f"{reason}{note}; 1-{MAX_ROWS} rows stream the int8/int4 codes once ("
-              f"{'vpdpbusd' if lib.isa == 'avx512' else 'vpmaddubsw'} for int8 activations), prefill: the kernel "
-              f"over 16-row blocks up to {CHUNKED_MAX_ROWS} rows, torch GEMM over dequantized blocks beyond; "
+    dots = "vpdpbusd / vpdpwssd" if lib.isa == "avx512" else "vpmaddubsw / vpmaddwd"
+    reason = (f"{reason}{note}; 1-{MAX_ROWS} rows stream the int8/int4 codes once ({dots} for int8 / int16 "
+              f"activations), prefill: the kernel over 16-row blocks up to {CHUNKED_MAX_ROWS} rows, torch GEMM over dequantized blocks beyond; "
               f"software prefetch {'/'.join(map(str, pf.distances))} bytes ({', '.join(SLOTS)}): {pf.reason}")
     return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source, prefetch=pf.distances), lib
 
@@ -167,18 +172,18 @@ def _call(lib: _Lib, x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | 
         x2 = x2.contiguous()
     b = None if bias is None else bias.contiguous()
     y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    launch(lib, x2.data_ptr(), qw, None if b is None else b.data_ptr(), y.data_ptr(), rows, activations == "int8",
+    launch(lib, x2.data_ptr(), qw, None if b is None else b.data_ptr(), y.data_ptr(), rows, activations,
            torch.get_num_threads())
     return y
 
 
-def launch(lib: _Lib, xp: int, qw: QuantizedWeight, bp: int | None, yp: int, rows: int, act_int8: bool,
+def launch(lib: _Lib, xp: int, qw: QuantizedWeight, bp: int | None, yp: int, rows: int, activations: str,
            threads: int) -> None:
     """The kernel on raw pointers (``_call`` and the decode step call it): fp32 rows at ``xp`` over ``qw``
-    (+ fp32 bias at ``bp``) into ``yp`` [rows, N]; ``act_int8``: the int8-activation mode."""
+    (+ fp32 bias at ``bp``) into ``yp`` [rows, N], with ``activations`` (:data:`ACTIVATIONS`)."""
     n, k = qw.shape
-    if lib.fn(xp, qw.qweight.data_ptr(), qw.scales.data_ptr(), bp, yp, rows, n, k, qw.bits, qw.group_size, act_int8,
-              threads):
+    if lib.fn(xp, qw.qweight.data_ptr(), qw.scales.data_ptr(), bp, yp, rows, n, k, qw.bits, qw.group_size,
+              ACT_MODE[activations], threads):
         raise ValueError(f"omnilab_qgemv rejected {qw!r} with {rows} rows")
 
 
@@ -220,5 +225,5 @@ def qlinear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = No
         return _call(lib, x, qw, bias, rows, activations)
     if activations == "fp32":
         return F.linear(x, qw.dequantize(), bias)
-    y = int8_act_reference(x, qw)
+    y = int_act_reference(x, qw, 16 if activations == "int16" else 8)
     return y + bias if bias is not None else y

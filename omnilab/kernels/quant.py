@@ -34,8 +34,8 @@ quant_group_size=)`` / ``OMNILAB_QUANTIZATION=none|int8|int4`` (the variable win
 (:data:`AUTO_ACTIVATIONS`, ``OMNILAB_QUANT_ACTIVATIONS``); the strict loader installs the ``QuantizedWeight`` in
 place of each selected ``weight`` parameter and ``kernels.linear`` sends it to ``qgemv.qlinear``.
 
-``quantize_activations(x)`` is the reference of the kernel's int8-activation mode (dynamic, per row and
-32-wide block of K, symmetric); :func:`int8_act_reference` is that mode's result computed with torch.
+``quantize_activations(x, bits=8|16)`` is the reference of the kernel's integer-activation modes (dynamic, per row
+and 32-wide block of K, symmetric); :func:`int_act_reference` is that mode's result computed with torch.
 """
 from __future__ import annotations
 
@@ -258,34 +258,43 @@ def quantize(w: torch.Tensor, method: str, group_size: int | None = None, scales
     raise ValueError(f"unknown method {method!r}; accepted: {', '.join(METHODS)}")
 
 
-def quantize_activations(x: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, kp: int | None = None, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's dynamic activation quantization: ``x`` [R, K] fp32, zero-padded to ``kp`` (a multiple
-    of 32), per row and 32-wide block: ``amax = max|x|``, ``inv = 127 / amax`` (0 for an all-zero block),
-    ``xq = round(x * inv)`` (half to even) in [-127, 127], ``xs = amax / 127``. Returns (xq int8 [R, kp],
-    xs fp32 [R, kp/32]); the kernel computes exactly these values (same fp32 operations)."""
+    of 32), per row and 32-wide block: ``amax = max|x|``, ``inv = qmax / amax`` (0 for an all-zero block; qmax 127
+    for ``bits`` 8, 32767 for 16), ``xq = round(x * inv)`` (half to even) in [-qmax, qmax], ``xs = amax / qmax``.
+    Returns (xq int8 / int16 [R, kp] in k order, xs fp32 [R, kp/32]); the kernel computes exactly these values
+    (same fp32 operations; it stores int16 codes pairwise permuted, qgemv.cpp)."""
+    if bits not in (8, 16):
+        raise ValueError(f"bits={bits!r}; accepted: 8, 16")
+    qmax = 127 if bits == 8 else 32767
     r, k = x.shape
     kp = _ceil(k, ACT_BLOCK) if kp is None else kp
     xp = torch.zeros(r, kp, dtype=torch.float32)
     xp[:, :k] = x
     blocks = xp.reshape(r, kp // ACT_BLOCK, ACT_BLOCK)
     amax = blocks.abs().amax(dim=-1)
-    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
-    xq = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8).reshape(r, kp)
-    return xq, amax / 127
+    inv = torch.where(amax > 0, torch.tensor(float(qmax)) / amax, torch.zeros_like(amax))
+    xq = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-qmax, qmax).to(torch.int8 if bits == 8 else torch.int16)
+    return xq.reshape(r, kp), amax / qmax
+
+
+def int_act_reference(x: torch.Tensor, qw: QuantizedWeight, bits: int = 8) -> torch.Tensor:
+    """The kernel's int8 / int16 activation mode computed with torch: ``sum_b (xq_b . q_b) * xs[r, b] *
+    scale[n, g(b)]`` over the 32-wide blocks b, fp32 [R, N]. Each block's integer dot is exact (in float64 here,
+    |.| < 2^31), so this differs from the kernel only by the fp32 rounding of the sum over blocks."""
+    n, k = qw.shape
+    kp, nb = qw.padded_k, qw.padded_k // ACT_BLOCK
+    xq, xs = quantize_activations(x.reshape(-1, k).float(), kp, bits)
+    q = torch.zeros(n, kp, dtype=torch.float64)
+    q[:, :k] = qw.codes().double()
+    ws = qw.row_scales().repeat_interleave(qw.group_size // ACT_BLOCK if qw.method == "int4" else nb, dim=1)
+    dots = torch.einsum("rbk,nbk->rnb", xq.double().reshape(-1, nb, ACT_BLOCK), q.reshape(n, nb, ACT_BLOCK))
+    return (dots.float() * xs.unsqueeze(1) * ws.unsqueeze(0)).sum(-1).reshape(*x.shape[:-1], n)
 
 
 def int8_act_reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
-    """The int8-activation mode computed with torch: ``sum_b (xq_b . q_b) * xs[r, b] * scale[n, g(b)]`` over
-    the 32-wide blocks b, fp32 [R, N]. Each block's integer dot is exact (|.| < 2^24), so this differs from
-    the kernel only by the fp32 rounding of the sum over blocks."""
-    n, k = qw.shape
-    kp, nb = qw.padded_k, qw.padded_k // ACT_BLOCK
-    xq, xs = quantize_activations(x.reshape(-1, k).float(), kp)
-    q = torch.zeros(n, kp)
-    q[:, :k] = qw.codes().float()
-    ws = qw.row_scales().repeat_interleave(qw.group_size // ACT_BLOCK if qw.method == "int4" else nb, dim=1)
-    dots = torch.einsum("rbk,nbk->rnb", xq.float().reshape(-1, nb, ACT_BLOCK), q.reshape(n, nb, ACT_BLOCK))
-    return (dots * xs.unsqueeze(1) * ws.unsqueeze(0)).sum(-1).reshape(*x.shape[:-1], n)
+    """:func:`int_act_reference` with 8-bit activations."""
+    return int_act_reference(x, qw, 8)
 
 
 # ---- quantize at load: the talker's decode matrices ------------------------------------------------------
@@ -296,9 +305,11 @@ SCALES_ENV = "OMNILAB_INT4_SCALES"
 DEFAULT_INT4_SCALES = "rtn"
 ACT_ENV = "OMNILAB_QUANT_ACTIVATIONS"
 QUANT_MODES = ("none",) + tuple(QUANT_RECIPES)
-# qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|fp32 overrides): int8 activations add
-# ~0.55 % relative error, negligible next to int4 weights' ~10 % but about doubling int8 weights' ~0.8 %.
-AUTO_ACTIVATIONS = {"int8": "fp32", "int4": "int8"}
+# qlinear's activations per method (OMNILAB_QUANT_ACTIVATIONS=auto|int8|int16|fp32 overrides): int8 activations add
+# ~0.55 % relative error, negligible next to int4 weights' ~10 % but about doubling int8 weights' ~0.8 %; int16
+# ones add ~0.005 % at the integer path's speed (docs/kernels.md#activations-of-quantized-matrices).
+AUTO_ACTIVATIONS = {"int8": "int16", "int4": "int8"}
+ACTIVATION_MODES = ("auto", "int8", "int16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -308,7 +319,7 @@ class Quantization:
 
     method: str                 # recipe: "none" | "int8" | "int4" | "int4-all" (config.QUANT_RECIPES: format per part)
     group_size: int | None      # the int4 parts' group: 32 | 64 | 128; None without int4 parts
-    activations: str | None     # "fp32" | "int8" (None when method is "none"): the int4 parts' (int8: all parts')
+    activations: str | None     # "fp32" | "int8" | "int16" (None when method is "none"): the int4 parts' (int8: all)
     reason: str
     source: str                 # "default" | "argument" | "env" | "checkpoint" | "client" (a worker: from_key)
     # which tensors (names without ``talker.``) to quantize: the loader sets storage.talker_streamed_name (:meth:`only`)
@@ -420,12 +431,13 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     else:
         g, gwhy = None, "one scale per output channel"
     raw_act = ((settings.raw(ACT_ENV) or "") if act_env is None else act_env).strip().lower() or "auto"
-    if raw_act not in ("auto", "int8", "fp32"):
-        raise ConfigError(f"{ACT_ENV}={raw_act!r}; accepted: auto, int8, fp32")
+    if raw_act not in ACTIVATION_MODES:
+        raise ConfigError(f"{ACT_ENV}={raw_act!r}; accepted: {', '.join(ACTIVATION_MODES)}")
     act = AUTO_ACTIVATIONS["int4" if has_int4(m) else "int8"] if raw_act == "auto" else raw_act
     awhy = (f"{ACT_ENV}={raw_act}" if raw_act != "auto" else
             "int8 activations add ~0.55 % relative error: negligible next to int4 weights' ~10 %" if has_int4(m)
-            else "fp32 activations: int8 ones would add ~0.55 % relative error, doubling int8 weights' ~0.8 %")
+            else "int16 activations: ~0.005 % relative error (int8 ones would add ~0.55 %, doubling int8 weights' "
+            "~0.8 %), exact integer dots at the integer path's speed (docs/kernels.md#activations-of-quantized-matrices)")
     mixed = len(set(QUANT_RECIPES[m])) > 1
     act8 = (AUTO_ACTIVATIONS["int8"] if raw_act == "auto" else raw_act) if mixed else None
     if mixed:

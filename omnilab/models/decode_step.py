@@ -57,10 +57,10 @@ def _matmul(w: Any, glib: Any, qlib: Any):
     if isinstance(w, QuantizedWeight):
         if qlib is None:
             return None
-        act8 = (w.activations or AUTO_ACTIVATIONS[w.method]) == "int8"
+        act = w.activations or AUTO_ACTIVATIONS[w.method]
         mat = stack_k.Mat(1, w.qweight.data_ptr(), w.scales.data_ptr(), w.shape[0], w.shape[1], w.bits,
-                          w.group_size or 0, int(act8))
-        return (lambda xp, yp, rows, nt: qgemv.launch(qlib, xp, w, None, yp, rows, act8, nt)), mat
+                          w.group_size or 0, qgemv.ACT_MODE[act])
+        return (lambda xp, yp, rows, nt: qgemv.launch(qlib, xp, w, None, yp, rows, act, nt)), mat
     if isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.dim() == 2 and w.is_contiguous() and glib:
         mat = stack_k.Mat(0, w.data_ptr(), None, w.shape[0], w.shape[1], 0, 0, 0)
         return (lambda xp, yp, rows, nt: gemv.launch(glib, xp, w, None, yp, rows, nt)), mat

@@ -258,6 +258,10 @@ def test_interleaved_run_alternates_and_writes_one_row_per_configuration(tiny_ck
         assert r["floor_ms"] > 0 and r["step_floor_ratio"] > 0 and r["n_streams"] == 2
         # the decode bandwidth at 2 streams: the step's weight bytes over the 2-row step (one read for both rows)
         assert r["n_effective_gbps"] == pytest.approx(r["decode_bytes_per_frame"] / (r["n_step_ms"] * 1e-3) / 1e9)
+        # each part's bandwidth: its own bytes over its own share of the step; the parts add up to the frame
+        assert r["decode_bytes_talker"] + r["decode_bytes_predictor"] == r["decode_bytes_per_frame"]
+        for part in ("talker", "predictor"):
+            assert r[f"{part}_gbps"] == pytest.approx(r[f"decode_bytes_{part}"] / (r[f"{part}_ms"] * 1e-3) / 1e9)
         assert 0 <= r["wait_pct"] <= 100 and r["pid"] == os.getpid()
     assert d["meta"]["peak_rss_gib_all_configs"] > 0 and d["meta"]["bandwidth"]["gbps"] > 0
     assert load_bench(tmp_path / "omnilab-bench" / "il.json").rows == rows
@@ -363,6 +367,8 @@ def test_decode_bytes_count_storage_and_predictor_passes(tiny_ckpt):
     int8 = load_model(ckpt, dtype="float32", quantization=quantization_choice("int8")).talker
     assert floors.decode_bytes_per_frame(int8) < 0.6 * got * 2 / stored  # ~1 B per weight + scales
     assert floors.decode_bytes_per_frame(None) is None
+    parts = floors.decode_bytes_by_part(int8)  # the predictor's layers 15 times, its heads and the talker's once
+    assert parts["talker"] + parts["predictor"] == floors.decode_bytes_per_frame(int8) and parts["predictor"] > parts["talker"]
 
 
 def test_quantization_and_dtype_rows_carry_points_and_fidelity(tiny_ckpt, tmp_path, capsys):

@@ -449,7 +449,7 @@ def test_int4_keeps_the_code_predictor_at_int8(loaded):
     assert {qw.method for n, qw in weights.items() if n.startswith("code_predictor.")} == {"int8"}
     assert {qw.method for n, qw in weights.items() if not n.startswith("code_predictor.")} == {"int4"}
     # int8 parts of a mixed recipe keep int8's activations (fp32), the int4 parts int4's (int8)
-    assert {(qw.method, qw.activations) for qw in weights.values()} == {("int8", "fp32"), ("int4", "int8")}
+    assert {(qw.method, qw.activations) for qw in weights.values()} == {("int8", "int16"), ("int4", "int8")}
 
 
 def test_bad_recipe_names_list_the_accepted_ones():

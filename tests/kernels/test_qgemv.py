@@ -4,10 +4,11 @@ references, batch / thread / ISA invariance, dispatch, the torch fallback and th
 Tolerances (u = 2^-24, fp32 unit roundoff):
 - fp32 activations against ``x @ dq.T``: both sides sum K products in fp32 in different orders and the
   kernel applies the scale per group instead of per element: |err| <= (2K + 4) u sum_k |x_k dq_k|.
-- int8 activations against ``quant.int8_act_reference`` (the same quantized x, bitwise, and exact block dots):
-  only the fp32 sum over the nb = Kp/32 blocks differs: |err| <= 2 (nb + 4) u sum_k |xq_k xs_k dq_k|.
-  An activation code off by one would exceed this, so it also checks the kernel's activation codes.
-- int8 activations against ``x @ dq.T``: plus the activation rounding, sum_k (xs_k / 2) |dq_k|.
+- int8 / int16 activations against ``quant.int_act_reference`` (the same quantized x, bitwise, and exact block
+  dots, each rounded to fp32 once on both sides): only the fp32 sum over the nb = Kp/32 blocks differs:
+  |err| <= 2 (nb + 4) u sum_k |xq_k xs_k dq_k|. An activation code off by one (or an int16 pair in the wrong
+  slot) would exceed this, so it also checks the kernel's activation codes.
+- int8 / int16 activations against ``x @ dq.T``: plus the activation rounding, sum_k (xs_k / 2) |dq_k|.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from _kernel_common import FLAGS, ISAS, fixtures, skip_without_isa  # noqa: E402
 
 skip_without_isa()
 _, fresh_choice = fixtures(qgemv, "qgemv")
-# the avx512 build uses vpdpbusd: only on CPUs with avx512_vnni (others run the avx2 build)
-QISAS = [i for i in ISAS if i != "avx512" or "avx512_vnni" in FLAGS]
+# the avx512 build uses vpdpbusd / vpdpwssd: only on CPUs with avx512_vnni and avx512bw (others run the avx2 build)
+QISAS = [i for i in ISAS if i != "avx512" or {"avx512_vnni", "avx512bw"} <= set(FLAGS)]
 U = 2.0 ** -24
 WEIGHTS = [("int8", None), ("int4", 32), ("int4", 64), ("int4", 128)]
 
@@ -58,11 +59,12 @@ def _assert_within(got, x, qw, bias, activations):
     if activations == "fp32":
         bound = (2 * k + 4) * U * mag
     else:
-        xq, xs = quant.quantize_activations(x, qw.padded_k)
+        bits = 16 if activations == "int16" else 8
+        xq, xs = quant.quantize_activations(x, qw.padded_k, bits)
         xd = (xq.float() * xs.repeat_interleave(quant.ACT_BLOCK, dim=1))[:, :k]
         nb = qw.padded_k // quant.ACT_BLOCK
         tight = 2 * (nb + 4) * U * (xd.abs() @ dq.abs().T) + 4 * U * (bias.abs() if bias is not None else 0)
-        exact = quant.int8_act_reference(x, qw) + (bias if bias is not None else 0)
+        exact = quant.int_act_reference(x, qw, bits) + (bias if bias is not None else 0)
         assert bool(((got - exact).abs() <= tight).all()), float(((got - exact).abs() - tight).max())
         bound = (xs.repeat_interleave(quant.ACT_BLOCK, dim=1)[:, :k] / 2) @ dq.abs().T + (2 * k + 4) * U * mag
     assert bool(((got - ref).abs() <= bound + 4 * U * ref.abs()).all()), float(((got - ref).abs() - bound).max())
@@ -161,7 +163,7 @@ def test_qgemv_rows_rejects_what_it_cannot_do(lib):
         qgemv.qgemv_rows(torch.randn(2, 32, dtype=torch.bfloat16), qw, lib=lib)
     with pytest.raises(ValueError, match="shapes do not fit"):
         qgemv.qgemv_rows(torch.randn(2, 31), qw, lib=lib)
-    with pytest.raises(ValueError, match="activations='int4'; accepted: int8, fp32"):
+    with pytest.raises(ValueError, match="activations='int4'; accepted: int8, int16, fp32"):
         qgemv.qgemv_rows(torch.randn(2, 32), qw, lib=lib, activations="int4")
 
 
@@ -199,7 +201,7 @@ def test_qlinear_dispatch(fresh_choice, activations):
 
 @pytest.mark.parametrize("activations", qgemv.ACTIVATIONS)
 def test_torch_fallback(fresh_choice, activations):
-    """OMNILAB_CPU_QGEMV=torch: dequantize + F.linear (fp32) or the int8-activation reference, the kernel's
+    """OMNILAB_CPU_QGEMV=torch: dequantize + F.linear (fp32) or the integer-activation reference, the kernel's
     result up to fp32 rounding."""
     x, qw, b = _data(5, 96, 256, "int4", 32, True)
     with qgemv.use_qgemv("torch"):
@@ -207,7 +209,7 @@ def test_torch_fallback(fresh_choice, activations):
     if activations == "fp32":
         assert torch.equal(got, F.linear(x, qw.dequantize(), b))
     else:
-        assert torch.equal(got, quant.int8_act_reference(x, qw) + b)
+        assert torch.equal(got, quant.int_act_reference(x, qw, 16 if activations == "int16" else 8) + b)
     _assert_within(got, x, qw, b, activations)
     kernel = qgemv.qlinear(x, qw, b, activations)
     torch.testing.assert_close(got, kernel, rtol=1e-5, atol=1e-5)
@@ -250,8 +252,10 @@ def test_isa_rules():
     c, lib = qgemv.resolve(env="auto", flags=frozenset({"avx512f", "avx2", "fma"}))
     assert c.isa == "avx2" and lib.isa == "avx2" and "without avx512_vnni" in c.reason
     if "avx512" in QISAS:
-        c, lib = qgemv.resolve(env="auto", flags=frozenset({"avx512f", "avx512_vnni", "avx2", "fma"}))
+        c, lib = qgemv.resolve(env="auto", flags=frozenset({"avx512f", "avx512_vnni", "avx512bw", "avx2", "fma"}))
         assert c.isa == lib.isa == "avx512" and "vpdpbusd" in c.reason
+        c, lib = qgemv.resolve(env="auto", flags=frozenset({"avx512f", "avx512_vnni", "avx2", "fma"}))
+        assert c.isa == lib.isa == "avx2" and "without avx512_vnni or avx512bw" in c.reason
 
 
 def test_env_torch_and_switching_for_a_block(fresh_choice):

@@ -14,7 +14,7 @@ import torch
 from omnilab.checkpoint.load import load_model
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.errors import ConfigError
-from omnilab.kernels.quant import QuantizedWeight, quantization_choice, quantize
+from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight, quantization_choice, quantize
 from omnilab.kernels.storage import talker_streamed_name
 from omnilab.requests import UserRequest, build_request
 from omnilab.sampling import SamplingParams
@@ -71,7 +71,7 @@ def test_decode_matrices_quantized_at_load_and_nothing_else(tiny_ckpt, method):
         qw = getattr(talker.get_submodule(owner), attr)
         assert isinstance(qw, QuantizedWeight) and qw.method == fmt and qw.shape == tuple(ref_state[k].shape)
         assert qw.group_size == (group if fmt == "int4" else qw.shape[1])
-        assert qw.activations == ("fp32" if fmt == "int8" else "int8")
+        assert qw.activations == AUTO_ACTIVATIONS[fmt] == {"int8": "int16", "int4": "int8"}[fmt]
     # from the file's values: the plain fp32 talker holds them exactly (bf16 -> fp32 is exact)
     k = "code_predictor.lm_head.3.weight"
     qw = talker.code_predictor.lm_head[3].weight
@@ -146,7 +146,7 @@ def test_bad_values_name_the_accepted_ones(tiny_ckpt, monkeypatch):
         quantization_choice("int8", 64, env="")
     with pytest.raises(ConfigError, match=r"OMNILAB_QUANTIZATION='fp8'.*accepted"):
         quantization_choice("int8", env="fp8")
-    with pytest.raises(ConfigError, match=r"OMNILAB_QUANT_ACTIVATIONS='int4'; accepted: auto, int8, fp32"):
+    with pytest.raises(ConfigError, match=r"OMNILAB_QUANT_ACTIVATIONS='int4'; accepted: auto, int8, int16, fp32"):
         quantization_choice("int8", env="", act_env="int4")
     q = quantization_choice("int4", env="", act_env="", ks=[1024, 3072])
     assert q.group_size == 128 and "default" in q.reason and "int8 activations" in q.reason
