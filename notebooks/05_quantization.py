@@ -53,8 +53,10 @@ ROUNDS = 2 if TINY else 3
 TEXTS = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background."]
 NATIVE_BF16, BF16_WHY = cpu_has_native_bf16()
 
-# name -> (dtype, quantization); bf16 only where the CPU computes it natively
-CONFIGS = {"fp32": ("float32", "none"), "int8": ("float32", "int8"), "int4": ("float32", "int4")}
+# name -> (dtype, quantization recipe); bf16 only where the CPU computes it natively. Recipes: int8 (every part
+# W8), int4 (int4 talker layers and codec head, int8 code predictor), int4-all (the predictor int4 too)
+CONFIGS = {"fp32": ("float32", "none"), "int8": ("float32", "int8"), "int4": ("float32", "int4"),
+           "int4-all": ("float32", "int4-all")}
 if NATIVE_BF16:
     CONFIGS["bf16"] = ("bfloat16", "none")
 pipes = {name: omnilab.Pipeline.from_pretrained(CHECKPOINT, backend="eager", dtype=dtype, quantization=q,

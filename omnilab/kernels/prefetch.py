@@ -25,9 +25,10 @@ from omnilab.errors import ConfigError
 
 ENV = "OMNILAB_QGEMV_PREFETCH"
 SLOTS = ("one_row_int8_act", "rows_int8_act", "fp32_act")
-# What each slot is timed on: (bits, rows, int8 activations): the int4 decode row, int4 at 4 rows, int8 weights
-# with fp32 activations (the int8 default).
-SLOT_CASES = {"one_row_int8_act": (4, 1, 1), "rows_int8_act": (4, 4, 1), "fp32_act": (8, 1, 0)}
+# What each slot is timed on: (bits, rows, activations: qgemv.cpp's act, 0 fp32 / 1 int8 / 2 int16): the one-row
+# slot on int8 weights with int16 activations (the decode row of most bytes: the code predictor in both the int8 and
+# the int4 recipe), int4 at 4 rows with int8 activations, int8 weights with fp32 activations.
+SLOT_CASES = {"one_row_int8_act": (8, 1, 2), "rows_int8_act": (4, 4, 1), "fp32_act": (8, 1, 0)}
 PRIOR = (0, 2048, 2048)  # measured on Zen 4 (qgemv.cpp's defaults)
 CANDIDATES = (0, 1024, 2048, 4096, 8192)
 MAX_BYTES = 65536
@@ -86,7 +87,7 @@ def measure(fn, set_prefetch, threads: int, mib: int = TIMING_MIB) -> tuple[dict
     start = _schedstat()
     out: dict[str, dict[int, float]] = {}
     try:
-        for slot, (bits, rows, act8) in SLOT_CASES.items():
+        for slot, (bits, rows, act) in SLOT_CASES.items():
             mats = _operands(bits, mib)
             xs = {k: torch.randn(rows, k) for k in {k for _, _, _, k, _ in mats}}
             ys = {n: torch.empty(rows, n) for n in {n for _, _, n, _, _ in mats}}
@@ -96,7 +97,7 @@ def measure(fn, set_prefetch, threads: int, mib: int = TIMING_MIB) -> tuple[dict
                 t0 = time.perf_counter()
                 for w, s, n, k, gs in mats:
                     fn(xs[k].data_ptr(), w.data_ptr(), s.data_ptr(), None, ys[n].data_ptr(), rows, n, k, bits, gs,
-                       act8, threads)
+                       act, threads)
                 return 1e3 * (time.perf_counter() - t0)
 
             times = out.setdefault(slot, {})
