@@ -235,7 +235,7 @@ class PackedIndex:
     """A :class:`~omnilab.checkpoint.tensor_index.TensorIndex` of a pack-quantized file in which each quantized
     module's ``weight_packed`` / ``weight_scale`` / ``weight_shape`` appear as one ``<module>.weight`` of shape
     ``weight_shape``; :meth:`read` of it is the ``QuantizedWeight`` (codes unpacked, ``from_codes`` into the
-    kernel layout, fp32 scales). Every other tensor is the file's. ``packed``: those names without ``talker.``.
+    kernel layout, its scales). Every other tensor is the file's. ``packed``: those names without ``talker.``.
     Checks at construction: every packed module has all of :data:`PARTS`, is a decode matrix
     (:func:`~omnilab.kernels.storage.talker_streamed_name`), and its shapes agree with ``weight_shape`` and the
     scheme; every decode matrix not in ``ignore`` is packed; no zero points (symmetric) or ``g_idx``."""

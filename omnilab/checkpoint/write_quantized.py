@@ -8,8 +8,8 @@ predictor; docs/quantization.md#recipes) in compressed-tensors' ``pack-quantized
 ``config.json`` gains its ``quantization_config`` (docs/quantization.md). The codes and scales are those of
 :func:`omnilab.kernels.quant.quantize` on the file's values, so loading ``dst`` gives exactly the
 ``QuantizedWeight`` of ``from_pretrained(src, quantization=method, quant_group_size=group_size)``; scales are
-stored in fp32 for that reason (docs/quantization.md#scales). ``group_size``: int4 only, None = the at-load
-default (128, or the largest of 64/32 dividing every K). Refuses an existing non-empty ``dst`` unless
+stored in the dtype they have in memory for that reason (docs/quantization.md#scales). ``group_size``: int4 only,
+None = the at-load default (128, or the largest of 64/32 dividing every K). Refuses an existing non-empty ``dst`` unless
 ``overwrite``, a source that is already quantized, and ``dst`` inside ``src`` or the reverse. ``dst`` appears
 complete or not at all (written next to it, then renamed). ``progress``: a bar per tensor (None: the rule of
 :func:`omnilab.instrument.progress.progress_enabled`, ``OMNILAB_PROGRESS``).
@@ -45,12 +45,11 @@ def _unquantized_linears(config) -> list[str]:
             if isinstance(m, nn.Linear) and not talker_streamed_name(f"{n}.weight")]
 
 
-def _disk_scales(qw, choice) -> torch.Tensor:
-    """A matrix's scales as stored: fp16 for int4 with least-squares scales (chosen fp16-exact, so the file loads
-    into the same weights in half the scale bytes), fp32 otherwise (round to nearest's max|w| / 7 is not
-    fp16-exact; docs/quantization.md#scales)."""
-    s = qw.row_scales().contiguous()  # fp32 [N, groups]
-    return s.half() if qw.method == "int4" and choice.int4_scales == "wls" else s
+def _disk_scales(qw) -> torch.Tensor:
+    """A matrix's scales as stored: in the dtype it holds them in memory (fp16 for int4, chosen fp16-exact; fp32 for
+    int8), so the file loads into the same weights (docs/quantization.md#scales)."""
+    s = qw.row_scales().contiguous()  # fp32 [N, groups], exact widening of fp16
+    return s.to(qw.scales.dtype)
 
 
 def _copy_files(src: Path, dst: Path, skip: set[Path]) -> None:
@@ -108,7 +107,7 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: 
             qw = choice.apply(index.read(k), k[len("talker."):])  # what quantizing at load installs (load_strict)
             bits, module = BITS[qw.method], k[:-len(".weight")]
             tensors += [(f"{module}.weight_packed", pack_int32(qw.codes(), bits)),    # int32 [N, K*bits/32]
-                        (f"{module}.weight_scale", _disk_scales(qw, choice)),         # [N, groups]
+                        (f"{module}.weight_scale", _disk_scales(qw)),         # [N, groups]
                         (f"{module}.weight_shape", torch.tensor(qw.shape, dtype=torch.int64))]  # [2]: N, K
         write_safetensors(tmp / "model.safetensors", tensors)
         del tensors

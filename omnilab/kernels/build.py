@@ -31,8 +31,8 @@ LINK_FLAGS = {"snake": ("-lmvec",), "attn": ("-lmvec",), "stack": ("-lmvec",)}  
 # into one FMA)
 SOURCE_FLAGS = {"attn": ("-ffp-contract=off",), "stack": ("-ffp-contract=off",)}
 # per source and ISA: the quantized GEMV's avx512 build uses vpdpbusd, vpdpwssd and 16-bit shifts (qgemv.py picks it
-# only with avx512_vnni and avx512bw)
-SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni", "-mavx512bw")}
+# only with avx512_vnni and avx512bw); both builds widen fp16 scales (F16C, on every AVX2 CPU)
+SOURCE_ISA_FLAGS = {("qgemv", "avx512"): ("-mavx512vnni", "-mavx512bw"), ("qgemv", "avx2"): ("-mf16c",)}
 
 
 def find_compiler() -> str | None:

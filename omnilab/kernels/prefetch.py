@@ -74,7 +74,7 @@ def _operands(bits: int, mib: int):
         for n, k in SHAPES:
             gs = 128 if bits == 4 else k
             w = torch.empty(n * k * bits // 8, dtype=torch.uint8).fill_(0x5A)
-            s = torch.full((n * (k // gs),), 1e-3)
+            s = torch.full((n * (k // gs),), 1e-3, dtype=torch.float16 if bits == 4 else torch.float32)
             mats.append((w, s, n, k, gs))
     return mats
 
@@ -96,8 +96,8 @@ def measure(fn, set_prefetch, threads: int, mib: int = TIMING_MIB) -> tuple[dict
             def sweep():
                 t0 = time.perf_counter()
                 for w, s, n, k, gs in mats:
-                    fn(xs[k].data_ptr(), w.data_ptr(), s.data_ptr(), None, ys[n].data_ptr(), rows, n, k, bits, gs,
-                       act, threads)
+                    fn(xs[k].data_ptr(), w.data_ptr(), s.data_ptr(), int(s.dtype == torch.float16), None,
+                       ys[n].data_ptr(), rows, n, k, bits, gs, act, threads)
                 return 1e3 * (time.perf_counter() - t0)
 
             times = out.setdefault(slot, {})

@@ -34,8 +34,11 @@
 // the thread count (threads split whole 16-row blocks) or the ISA (the int32 dots are exact and the fp32
 // steps are the same per lane), so results are bitwise identical across all of them.
 //
-// Built by build.py as -mavx512f -mfma -mavx512vnni (qgemv.py uses it only on CPUs with avx512_vnni) and
-// -mavx2 -mfma. OpenMP threads come from torch's runtime, their number from the caller.
+// Scales: fp32, or fp16 (int4: half the scale bytes), widened exactly to fp32 on load (vcvtph2ps), so the fp32 steps
+// are the same for both.
+//
+// Built by build.py as -mavx512f -mfma -mavx512vnni -mavx512bw (qgemv.py uses it only on CPUs with avx512_vnni and
+// avx512bw) and -mavx2 -mfma -mf16c. OpenMP threads come from torch's runtime, their number from the caller.
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -131,7 +134,8 @@ static inline void store(float* y, const float* b, vf acc, int valid) {
 
 struct Args {
   const uint8_t* w;   // packed codes, [Np/16] blocks of 16 * Kp * bits / 8 bytes
-  const float* s;     // scales [Np/16, groups, 16]
+  const void* s;      // scales [Np/16, groups, 16]: fp32, or fp16 where s16
+  int s16;
   const float* b;     // bias [N] or null
   float* y;           // [M, N]
   int64_t M, N, Kp, gs, groups, nb;  // nb = Kp / 32
@@ -141,6 +145,16 @@ struct Args {
   const float* xf;    // fp32 mode: x [M, Kp] (zero-padded)
 };
 
+// LANES scales from element idx: fp32, or fp16 widened exactly (F16C).
+static inline vf sload(const Args& a, int64_t idx) {
+#if LANES == 16
+  if (a.s16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)a.s + idx)));
+#else
+  if (a.s16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)a.s + idx)));
+#endif
+  return fload((const float*)a.s + idx);
+}
+
 #if LANES == 16
 // Outputs of one block (the 16 rows at i * 16; h is 0) for rows m0..m0+MB-1, int8 activations, AVX-512 (AVX2 runs
 // pair_i8 below).
@@ -148,7 +162,7 @@ template <int BITS, int MB, bool A16>
 static void block_i8(const Args& a, int64_t i, int h, int64_t m0) {
   constexpr int CH = BITS == 8 ? 8 : 4;  // 64-byte chunks per 32-wide K block
   const uint8_t* w = a.w + i * ROWS * a.Kp * BITS / 8 + h * LANES * 4;
-  const float* s = a.s + i * a.groups * ROWS + h * LANES;
+  const int64_t s0 = i * a.groups * ROWS + h * LANES;
   const int64_t per_group = a.gs / ACT;
   // Two int32 chains per row when few rows (shorter dependency chains; integer sums are exact, so the split may
   // depend on MB without changing any result).
@@ -199,7 +213,7 @@ static void block_i8(const Args& a, int64_t i, int h, int64_t m0) {
     }
     if (NA == 2)
       for (int m = 0; m < MB; ++m) dot[0][m] = iadd(dot[0][m], dot[NA - 1][m]);
-    const vf ws = fload(s + kb / per_group * ROWS);
+    const vf ws = sload(a, s0 + kb / per_group * ROWS);
     for (int m = 0; m < MB; ++m) acc[m] = ffma(cvt(dot[0][m]), fmul(ws, fset(a.xs[(m0 + m) * a.nb + kb])), acc[m]);
   }
   const int64_t n0 = i * ROWS + h * LANES;
@@ -214,7 +228,7 @@ template <int BITS, int MB>
 static void block_f32(const Args& a, int64_t i, int h, int64_t m0) {
   constexpr int KC = BITS == 8 ? 4 : 8;  // k per row in a chunk
   const uint8_t* w = a.w + i * ROWS * a.Kp * BITS / 8 + h * LANES * 4;
-  const float* s = a.s + i * a.groups * ROWS + h * LANES;
+  const int64_t s0 = i * a.groups * ROWS + h * LANES;
   const int64_t chunks = a.gs / KC;  // per group
   const vf table = nib_table();
   const int64_t pf = g_prefetch[2];
@@ -248,7 +262,7 @@ static void block_f32(const Args& a, int64_t i, int h, int64_t m0) {
         }
       }
     }
-    const vf ws = fload(s + g * ROWS);
+    const vf ws = sload(a, s0 + g * ROWS);
     for (int m = 0; m < MB; ++m) acc[m] = ffma(fadd(gacc[0][m], gacc[1][m]), ws, acc[m]);
   }
   const int64_t n0 = i * ROWS + h * LANES;
@@ -267,7 +281,7 @@ template <int BITS, int MB, bool A16>
 static void pair_i8(const Args& a, int64_t i, int64_t m0) {
   constexpr int CH = BITS == 8 ? 8 : 4;  // 64-byte chunks per 32-wide K block
   const uint8_t* w = a.w + i * ROWS * a.Kp * BITS / 8;
-  const float* s = a.s + i * a.groups * ROWS;
+  const int64_t s0 = i * a.groups * ROWS;
   const int64_t per_group = a.gs / ACT;
   const int64_t pf = g_prefetch[a.M == 1 ? 0 : 1];
   vf acc[2][MB];
@@ -332,8 +346,8 @@ static void pair_i8(const Args& a, int64_t i, int64_t m0) {
         }
       }
     }
-    const float* sg = s + kb / per_group * ROWS;
-    const vf ws0 = fload(sg), ws1 = fload(sg + LANES);
+    const int64_t sg = s0 + kb / per_group * ROWS;
+    const vf ws0 = sload(a, sg), ws1 = sload(a, sg + LANES);
     for (int m = 0; m < MB; ++m) {
       const vf xs = fset(a.xs[(m0 + m) * a.nb + kb]);
       acc[0][m] = ffma(cvt(dot[0][m]), fmul(ws0, xs), acc[0][m]);
@@ -491,15 +505,16 @@ int omnilab_qgemv_set_prefetch(int64_t one_row_i8, int64_t rows_i8, int64_t f32)
   return 0;
 }
 
-// y[M, N] = x[M, K] @ W^T (+ b). bits 8 (group: all of K) or 4 (gs in 32, 64, 128 dividing K). act: 0 = fp32
-// activations, 1 = int8, 2 = int16. nt threads. Returns 0, or -1 for arguments outside that.
-int omnilab_qgemv(const float* x, const uint8_t* w, const float* s, const float* b, float* y, int64_t M,
+// y[M, N] = x[M, K] @ W^T (+ b). bits 8 (group: all of K) or 4 (gs in 32, 64, 128 dividing K). s16: the scales
+// are fp16 (0: fp32). act: 0 = fp32 activations, 1 = int8, 2 = int16. nt threads. Returns 0, or -1 for arguments
+// outside that.
+int omnilab_qgemv(const float* x, const uint8_t* w, const void* s, int s16, const float* b, float* y, int64_t M,
                   int64_t N, int64_t K, int bits, int64_t gs, int act, int nt) {
-  if (M < 1 || N < 1 || K < 1 || (bits != 8 && bits != 4) || act < 0 || act > 2) return -1;
+  if (M < 1 || N < 1 || K < 1 || (bits != 8 && bits != 4) || act < 0 || act > 2 || s16 < 0 || s16 > 1) return -1;
   if (bits == 4 && (gs < ACT || gs % ACT || K % gs)) return -1;
   const int64_t Kp = bits == 8 ? (K + ACT - 1) / ACT * ACT : K;
   if (bits == 8) gs = Kp;
-  Args a{w, s, b, y, M, N, Kp, gs, Kp / gs, Kp / ACT, nullptr, nullptr, nullptr, x};
+  Args a{w, s, s16, b, y, M, N, Kp, gs, Kp / gs, Kp / ACT, nullptr, nullptr, nullptr, x};
   static thread_local std::vector<int8_t> xq;
   static thread_local std::vector<int16_t> xq16;
   static thread_local std::vector<float> xs, xf;

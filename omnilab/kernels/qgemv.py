@@ -2,7 +2,7 @@
 QuantizedWeight` (int8 per channel or int4 per group), for 1..16 fp32 rows with omnilab's kernel.
 
 Why: a decode step is bandwidth bound and reads every matrix once; int8 codes are half the bytes of bf16,
-int4 a quarter (plus fp32 scales). ``qgemv.cpp`` streams the codes once for all rows (layout: quant.py).
+int4 a quarter (plus fp16 scales). ``qgemv.cpp`` streams the codes once for all rows (layout: quant.py).
 
 Activations (``activations=``, default :data:`DEFAULT_ACTIVATIONS`):
 
@@ -87,8 +87,9 @@ class _Lib:
         self.path = Path(path)
         self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
         fn = symbol(self.lib, "omnilab_qgemv", path)
-        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int,
-                                                                       ctypes.c_int]
+        # x, w, s, s16, b, y, M, N, K, bits, gs, act, nt
+        fn.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+                       + [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int])
         fn.restype = ctypes.c_int
         self.fn = fn
         pf = symbol(self.lib, "omnilab_qgemv_set_prefetch", path)
@@ -182,8 +183,8 @@ def launch(lib: _Lib, xp: int, qw: QuantizedWeight, bp: int | None, yp: int, row
     """The kernel on raw pointers (``_call`` and the decode step call it): fp32 rows at ``xp`` over ``qw``
     (+ fp32 bias at ``bp``) into ``yp`` [rows, N], with ``activations`` (:data:`ACTIVATIONS`)."""
     n, k = qw.shape
-    if lib.fn(xp, qw.qweight.data_ptr(), qw.scales.data_ptr(), bp, yp, rows, n, k, qw.bits, qw.group_size,
-              ACT_MODE[activations], threads):
+    if lib.fn(xp, qw.qweight.data_ptr(), qw.scales.data_ptr(), int(qw.scales.dtype == torch.float16), bp, yp, rows,
+              n, k, qw.bits, qw.group_size, ACT_MODE[activations], threads):
         raise ValueError(f"omnilab_qgemv rejected {qw!r} with {rows} rows")
 
 

@@ -24,10 +24,10 @@ lane's 4 bytes with 4 activation bytes broadcast. A thread reads its blocks as o
   low nibble and ``q[16 i + r, 8 c + 4 + j] + 8`` in its high nibble (K % group_size == 0, so Kp = K).
   ``scales`` fp32 ``[Np/16, K/group_size, 16]``: a block's scales, group after group, 16 rows each.
 
-Scales stay fp32. For int4 they are 20 % of the bytes read at g = 32 (4 B per 16 B of codes), 11 % at
-g = 64, 6 % at g = 128; bf16 scales would read 10 / 5.6 / 3 % fewer bytes (at most that much faster where
-bandwidth bound) for a 2^-9 relative change of the grid; not done (the kernel would expand them like gemv.cpp's
-bf16 weights). int8's per-channel scales are 4 B per K-byte row.
+int4 scales are fp16 (2 B per 16 B of codes at g = 32: 11 % of the bytes read, 6 % at g = 64, 3 % at g = 128; fp32
+would be 20 / 11 / 6 %): the quantizers choose them fp16-exact and the kernel widens them exactly on load, so the
+dequantized matrix is what the kernel computes with. A file's int4 scales that fp16 cannot hold exactly stay fp32.
+int8's per-channel scales are fp32, 4 B per K-byte row.
 
 Quantize at load (:class:`Quantization`, :func:`quantization_choice`): ``from_pretrained(quantization=,
 quant_group_size=)`` / ``OMNILAB_QUANTIZATION=none|int8|int4`` (the variable wins), the activations per method
@@ -50,6 +50,7 @@ from omnilab.config import INT4_GROUP_SIZES, QUANT_RECIPES, has_int4, int4_group
 from omnilab.config import QUANT_METHODS as METHODS
 
 ROWS = 16            # output rows per interleaved block (AVX-512 lanes)
+SCALE_DTYPES = (torch.float32, torch.float16)
 ACT_BLOCK = 32       # K padding unit and activation quantization block of the int8-activation mode
 
 
@@ -66,7 +67,8 @@ class QuantizedWeight:
     group_size: int
     shape: tuple[int, int]      # (N, K) of the original matrix
     qweight: torch.Tensor       # uint8, int8: [Np/16, Kp/4, 16, 4]; int4: [Np/16, K/8, 16, 4]
-    scales: torch.Tensor        # float32 [Np/16, groups, 16]
+    scales: torch.Tensor        # [Np/16, groups, 16]: float32 (int8), float16 (int4) or float32 (int4 scales a file
+                                # holds that fp16 cannot hold exactly)
     activations: str | None = None  # qlinear's mode when called through kernels.linear (None: per method)
 
     def __post_init__(self):
@@ -78,10 +80,10 @@ class QuantizedWeight:
         want_q = (self.padded_n // ROWS, kp // per_chunk, ROWS, 4)
         want_s = (self.padded_n // ROWS, self.groups, ROWS)
         if (self.qweight.dtype != torch.uint8 or tuple(self.qweight.shape) != want_q
-                or self.scales.dtype != torch.float32 or tuple(self.scales.shape) != want_s
+                or self.scales.dtype not in SCALE_DTYPES or tuple(self.scales.shape) != want_s
                 or not self.qweight.is_contiguous() or not self.scales.is_contiguous()):
             raise ValueError(f"{self.method} layout of a {n}x{k} matrix needs contiguous uint8 qweight {want_q} "
-                             f"and float32 scales {want_s}, got {self.qweight.dtype} {tuple(self.qweight.shape)} "
+                             f"and float32 / float16 scales {want_s}, got {self.qweight.dtype} {tuple(self.qweight.shape)} "
                              f"and {self.scales.dtype} {tuple(self.scales.shape)}")
 
     @property
@@ -107,7 +109,7 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes a call streams: packed codes + scales (padding included)."""
-        return self.qweight.numel() + self.scales.numel() * 4
+        return self.qweight.numel() + self.scales.numel() * self.scales.element_size()
 
     def codes(self, blocks: slice = slice(None)) -> torch.Tensor:
         """The signed codes, int8 [N, K] (unpacked; exact); ``blocks``: only those 16-row blocks (padded
@@ -122,7 +124,7 @@ class QuantizedWeight:
 
     def row_scales(self, blocks: slice = slice(None)) -> torch.Tensor:
         """Scales per (row, group), fp32 [N, groups] (``blocks``: as for :meth:`codes`)."""
-        s = self.scales[blocks].permute(0, 2, 1).reshape(-1, self.groups)
+        s = self.scales[blocks].permute(0, 2, 1).reshape(-1, self.groups).float()
         return s if blocks != slice(None) else s[: self.shape[0]]
 
     def dequantize(self, blocks: slice = slice(None)) -> torch.Tensor:
@@ -140,13 +142,20 @@ def packed_nbytes(shape: tuple[int, int], method: str, group_size: int | None = 
     n, k = shape
     np_, kp = _ceil(n, ROWS), (_ceil(k, ACT_BLOCK) if method == "int8" else k)
     groups = 1 if method == "int8" else k // (group_size or DEFAULT_GROUP_SIZE)
-    return np_ * kp // (1 if method == "int8" else 2) + np_ * groups * 4
+    return np_ * kp // (1 if method == "int8" else 2) + np_ * groups * (4 if method == "int8" else 2)
+
+
+def fp16_exact(scales: torch.Tensor) -> bool:
+    """Whether every scale is a finite fp16 value (so fp16 storage keeps it exactly)."""
+    s = scales.float()
+    return bool(torch.isfinite(s).all()) and bool((s.half().float() == s).all())
 
 
 def from_codes(method: str, codes: torch.Tensor, scales: torch.Tensor, group_size: int | None = None
                ) -> QuantizedWeight:
-    """Pack signed codes (int8 [N, K]: [-127, 127] for int8, [-8, 7] for int4) and fp32 scales ([N] or
-    [N, groups]) into the kernel layout; the way in for a checkpoint's quantized tensors (repack at load)."""
+    """Pack signed codes (int8 [N, K]: [-127, 127] for int8, [-8, 7] for int4) and scales ([N] or [N, groups])
+    into the kernel layout; the way in for a checkpoint's quantized tensors (repack at load). Scales are kept as
+    fp32 for int8 and as fp16 for int4 where fp16 holds every one exactly (else fp32: never rounded here)."""
     n, k = codes.shape
     if method == "int8":
         group_size, lo, hi = k, -128, 127
@@ -160,8 +169,9 @@ def from_codes(method: str, codes: torch.Tensor, scales: torch.Tensor, group_siz
         raise ValueError(f"{method} codes must lie in [{lo}, {hi}], got [{int(q.min())}, {int(q.max())}]")
     groups = k // group_size
     s = scales.to(torch.float32).reshape(n, groups)
+    sdt = torch.float16 if method == "int4" and fp16_exact(s) else torch.float32
     np_ = _ceil(n, ROWS)
-    s_pad = torch.zeros(np_, groups)
+    s_pad = torch.zeros(np_, groups, dtype=sdt)
     s_pad[:n] = s
     scales_l = s_pad.reshape(np_ // ROWS, ROWS, groups).permute(0, 2, 1).contiguous()
     if method == "int8":
@@ -185,9 +195,12 @@ def _check_group(k: int, group_size: int | None) -> None:
                          f"(accepted group sizes: {', '.join(map(str, INT4_GROUP_SIZES))}, each must divide K)")
 
 
-def _symmetric(w: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scale) for the rows of ``w`` [..., G]: scale = max|w| / qmax, codes = round(w / scale)."""
+def _symmetric(w: torch.Tensor, qmax: int, fp16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale) for the rows of ``w`` [..., G]: scale = max|w| / qmax (``fp16``: rounded to fp16 first, so
+    it is stored exactly in half the bytes), codes = round(w / scale) within [-qmax, qmax]."""
     scale = w.abs().amax(dim=-1) / qmax
+    if fp16:
+        scale = scale.clamp(max=65504.0).half().float()
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(w / safe.unsqueeze(-1)).clamp_(-qmax, qmax)
     return q.to(torch.int8), scale
@@ -201,15 +214,15 @@ def quantize_int8(w: torch.Tensor) -> QuantizedWeight:
     return from_codes("int8", q, scale)
 
 
-# int4 scale choices (docs/quantization.md#int4-scales): "rtn" round to nearest, scale = max|w| / 7 (fp32);
-# "wls": weighted least squares over a grid of clipping scales, stored fp16 (half the scale bytes on disk).
+# int4 scale choices (docs/quantization.md#int4-scales): "rtn" round to nearest, scale = max|w| / 7; "wls": weighted
+# least squares over a grid of clipping scales. Both fp16: half the scale bytes, in memory and on disk.
 INT4_SCALES = ("wls", "rtn")
 WLS_WEIGHTS = "uniform"  # u_i = 1 (least squares on the weights); "magnitude" (u_i = x_i^2) measured worse
 WLS_STEPS = tuple(d / 10 for d in range(-10, 21))  # candidate scales max|w| / (7 + d): clip (d > 0) or widen
 
 
 def wls_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes int8 in [-7, 7], fp16-exact fp32 scales) of the groups ``x`` [..., G] minimising the weighted error
+    """(codes int8 in [-7, 7], fp16-exact scales as fp32) of the groups ``x`` [..., G] minimising the weighted error
     ``sum_i u_i (x_i - s q_i)^2`` (``u``: :data:`WLS_WEIGHTS`; uniform, as activations of random weights carry no
     per-channel importance) over the candidate scales
     ``max|x| / (7 + d)``, d in :data:`WLS_STEPS`: codes ``round(x / s_d)``, then ``s`` refitted in closed form
@@ -237,7 +250,7 @@ def wls_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_int4(w: torch.Tensor, group_size: int = 128, scales: str = "rtn") -> QuantizedWeight:
     """Symmetric int4 per ``group_size`` elements along K (32, 64 or 128; must divide K) of ``w`` [N, K]; ``scales``:
-    ``"rtn"`` (max|w| / 7, fp32) or ``"wls"`` (:func:`wls_int4`, fp16-exact)."""
+    ``"rtn"`` (max|w| / 7 rounded to fp16) or ``"wls"`` (:func:`wls_int4`); fp16 scales either way."""
     if w.dim() != 2:
         raise ValueError(f"quantize_int4 takes a [N, K] matrix, got shape {tuple(w.shape)}")
     if scales not in INT4_SCALES:
@@ -245,7 +258,7 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, scales: str = "rtn") -
     n, k = w.shape
     _check_group(k, group_size)
     groups = w.detach().float().cpu().reshape(n, k // group_size, group_size)
-    q, scale = wls_int4(groups) if scales == "wls" else _symmetric(groups, 7)
+    q, scale = wls_int4(groups) if scales == "wls" else _symmetric(groups, 7, fp16=True)
     return from_codes("int4", q.reshape(n, k), scale, group_size)
 
 

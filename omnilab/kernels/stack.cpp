@@ -27,8 +27,8 @@
 // The entry points of the other kernel libraries (their own files say what each computes).
 typedef int (*gemv_fn)(const float* x, const uint16_t* w, const float* b, float* y, int64_t M, int64_t N, int64_t K,
                        int nt);
-typedef int (*qgemv_fn)(const float* x, const uint8_t* w, const float* s, const float* b, float* y, int64_t M,
-                        int64_t N, int64_t K, int bits, int64_t gs, int act, int nt);
+typedef int (*qgemv_fn)(const float* x, const uint8_t* w, const void* s, int s16, const float* b, float* y,
+                        int64_t M, int64_t N, int64_t K, int bits, int64_t gs, int act, int nt);
 typedef int (*norm_fn)(const void* x, const void* w, void* y, int64_t rows, int64_t D, int64_t w_rows, float eps,
                        int dtype, int nt);
 typedef int (*attn_fn)(const void* qkv, const void* nw, const void* cos, const void* sins, int64_t rope_stride,
@@ -51,8 +51,8 @@ struct Kernels {
 struct Mat {         // one bias-free decode matrix [n, k]
   int64_t kind;      // 0: bf16 weights (gemv), 1: quantized (qgemv)
   const void* w;     // weights / packed codes
-  const float* s;    // quantized: scales
-  int64_t n, k, bits, gs, act;  // act: 0 fp32, 1 int8, 2 int16 activations
+  const void* s;     // quantized: scales (fp32, or fp16 where s16)
+  int64_t n, k, bits, gs, act, s16;  // act: 0 fp32, 1 int8, 2 int16 activations
 };
 struct Layer {
   Mat qkv, o, gu, down;            // fused q/k/v [(Hq + 2 Hkv) D, H], o [H, Hq D], fused gate/up [2 I, H], down [H, I]
@@ -115,7 +115,8 @@ static inline void swiglu_rows(const uint16_t* gu, uint16_t* act, int64_t rows, 
 
 static inline int matmul(const Kernels& f, const Mat& m, const float* x, float* y, int64_t B, int nt) {
   if (m.kind == 0) return f.gemv(x, (const uint16_t*)m.w, nullptr, y, B, m.n, m.k, nt);
-  return f.qgemv(x, (const uint8_t*)m.w, m.s, nullptr, y, B, m.n, m.k, (int)m.bits, m.gs, (int)m.act, nt);
+  return f.qgemv(x, (const uint8_t*)m.w, m.s, (int)m.s16, nullptr, y, B, m.n, m.k, (int)m.bits, m.gs, (int)m.act,
+                 nt);
 }
 
 // bf16 rows: widened exactly, the fp32 kernel, the result rounded once (what kernels.linear does for bf16 compute)

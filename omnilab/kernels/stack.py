@@ -40,7 +40,7 @@ class Kernels(ctypes.Structure):
 class Mat(ctypes.Structure):
     """stack.cpp's ``Mat``: one bias-free decode matrix (kind 0: bf16 weights, 1: quantized)."""
     _fields_ = [("kind", _i64), ("w", _ptr), ("s", _ptr), ("n", _i64), ("k", _i64), ("bits", _i64), ("gs", _i64),
-                ("act", _i64)]
+                ("act", _i64), ("s16", _i64)]
 
 
 class Layer(ctypes.Structure):

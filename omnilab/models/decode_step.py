@@ -59,7 +59,7 @@ def _matmul(w: Any, glib: Any, qlib: Any):
             return None
         act = w.activations or AUTO_ACTIVATIONS[w.method]
         mat = stack_k.Mat(1, w.qweight.data_ptr(), w.scales.data_ptr(), w.shape[0], w.shape[1], w.bits,
-                          w.group_size or 0, qgemv.ACT_MODE[act])
+                          w.group_size or 0, qgemv.ACT_MODE[act], int(w.scales.dtype == torch.float16))
         return (lambda xp, yp, rows, nt: qgemv.launch(qlib, xp, w, None, yp, rows, act, nt)), mat
     if isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.dim() == 2 and w.is_contiguous() and glib:
         mat = stack_k.Mat(0, w.data_ptr(), None, w.shape[0], w.shape[1], 0, 0, 0)

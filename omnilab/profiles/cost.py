@@ -14,7 +14,7 @@ blocks + vLLM's reserve block) size the talker's KV cache in ``memory.py`` and i
 ``omnilab.stages.vllm.config``; ``chunk_schedule`` / ``chunk_frames`` are the streaming chunk rule of
 ``DeployProfile.chunk_sizes`` and ``omnilab.models.code2wav_stream.ChunkSchedule``.
 
-Calibration: a frame is its decode weight bytes (bf16 storage 2 bytes a weight, int8 1, int4 0.5 + 4 / group) at
+Calibration: a frame is its decode weight bytes (bf16 storage 2 bytes a weight, int8 1, int4 0.5 + 2 / group) at
 an effective bandwidth plus a fixed :data:`FRAME_FIXED_MS`; the bandwidth is this machine's path timing times
 :data:`FRAME_BANDWIDTH_FACTOR` when the planner has one, else ``_CORE_PERF``'s per-thread figure. code2wav is GFLOP
 per chunk (its frames + ``chunk_fixed_frames``) at a per-thread rate. The fitted figures and the machines they come
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from omnilab import settings
+from omnilab.config import DEFAULT_INT4_GROUP_SIZE, QUANT_RECIPES, parse_quantization
 from omnilab.errors import ConfigError
 
 BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
@@ -147,10 +148,14 @@ class ModelGeometry:
                                                       self.predictor_head_dim)
                 + 2048 * self.predictor_hidden + proj)
 
+    def streamed_params_by_part(self) -> tuple[int, int, int]:
+        """Weights read per 80 ms frame at batch 1: (talker step, 15 predictor passes, decoder share)."""
+        talker = self.talker_layers * self._talker_layer + self.codec_vocab * self.talker_hidden
+        return talker, (self.num_code_groups - 1) * self._predictor_pass, self.decoder_params // 25
+
     def streamed_params_per_frame(self) -> int:
         """Weights read per 80 ms frame at batch 1: talker step + 15 predictor passes (+ decoder share)."""
-        talker = self.talker_layers * self._talker_layer + self.codec_vocab * self.talker_hidden
-        return talker + (self.num_code_groups - 1) * self._predictor_pass + self.decoder_params // 25
+        return sum(self.streamed_params_by_part())
 
     def resident_bytes(self, dtype_bytes: int) -> int:
         """Weights held in memory by both stages (text embedding included, decoder always fp32)."""
@@ -230,6 +235,22 @@ def amdahl(threads: int, serial: float, max_threads: int) -> float:
     return serial + (1 - serial) / n
 
 
+def geometry_gb_per_frame(geometry: ModelGeometry, quantization: str = "none") -> float:
+    """GB of decode weights one frame reads at batch 1: bf16 storage (2 bytes a weight) unquantized, else each part as
+    the recipe (``config.QUANT_RECIPES``) stores it: int8 1 byte a weight, int4 0.5 + 2 / group (fp16 scales)."""
+    talker, predictor, decoder = geometry.streamed_params_by_part()
+    recipe, group = parse_quantization(quantization, "quantization")
+    if recipe == "none":
+        return (talker + predictor + decoder) * 2.0 / 1e9
+    g = group or DEFAULT_INT4_GROUP_SIZE
+
+    def per_weight(fmt: str) -> float:
+        return 1.0 if fmt == "int8" else 0.5 + 2 / g
+
+    fmt = QUANT_RECIPES[recipe]  # talker layers, codec head, predictor layers, predictor heads
+    return (talker * per_weight(fmt[0]) + (predictor + decoder) * per_weight(fmt[2])) / 1e9
+
+
 @dataclass(frozen=True)
 class CostModel:
     """1-thread costs; ``talker_ms(n)`` and ``chunk_ms(frames, n)`` scale them."""
@@ -243,8 +264,8 @@ class CostModel:
     def build(cls, geometry: ModelGeometry, hardware: "HardwareInfo", dtype: str,
               measured: StageTimes | None = None, quantization: str = "none", bandwidth: Bandwidth | None = None,
               code2wav_dtype: str | None = None) -> "CostModel":
-        """``quantization`` (a profile spelling): the decode matrices' bytes per weight in the estimate (int8:
-        1, int4-gN: 0.5 + 4/N for the fp32 scales); ``bandwidth``: a measured one (the planner's path timing)
+        """``quantization`` (a profile spelling): the decode matrices' bytes per weight in the estimate, per part as
+        the recipe stores it (:func:`geometry_gb_per_frame`); ``bandwidth``: a measured one (the planner's path timing)
         instead of ``_CORE_PERF``'s; ``code2wav_dtype``: what code2wav computes in (default: ``dtype``); measured
         times are taken as they are."""
         if measured is not None:
@@ -262,10 +283,7 @@ class CostModel:
         native = hardware.native_bf16()[0]
         if c2w == "bfloat16" and not native:
             gflops /= 3  # emulated bf16 (docs/model.md#bf16-emulation-cost)
-        nbytes = 2.0  # bf16 storage: fp32 compute reads the released bf16 matrices as stored, bf16 compute too
-        if quantization != "none":
-            nbytes = 1.0 if quantization == "int8" else 0.5 + 4 / int(quantization.rpartition("-g")[2])
-        gb = geometry.streamed_params_per_frame() * nbytes / 1e9
+        gb = geometry_gb_per_frame(geometry, quantization)
         qlabel = f" {quantization} weights" if quantization != "none" else ""
         if bandwidth is not None:
             bw = bandwidth.gbps * FRAME_BANDWIDTH_FACTOR * amdahl(bandwidth.threads, TALKER_SERIAL, TALKER_MAX_THREADS)

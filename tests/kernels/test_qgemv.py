@@ -266,3 +266,17 @@ def test_env_torch_and_switching_for_a_block(fresh_choice):
         assert inside.mode == "omnilab" and inside.source == "argument" and qgemv.qgemv_choice() is inside
         assert inside.label.endswith("for 1-16 rows")
     assert qgemv.qgemv_choice() is c
+
+
+@pytest.mark.parametrize("activations", qgemv.ACTIVATIONS)
+@pytest.mark.parametrize("gs", [32, 128])
+def test_fp16_and_fp32_scales_give_the_same_bits(lib, activations, gs):
+    """int4 scales stored as fp16 (what the quantizers make) are widened exactly on load: the same values stored as
+    fp32 (a file's scales fp16 cannot hold) give bitwise the same result, on every build this CPU runs."""
+    x, qw, b = _data(5, 2050, 256, "int4", gs, True)
+    assert qw.scales.dtype == torch.float16
+    wide = quant.QuantizedWeight(qw.method, qw.group_size, qw.shape, qw.qweight, qw.scales.float().contiguous())
+    assert wide.nbytes == qw.nbytes + qw.scales.numel() * 2
+    for rows in (1, 5):
+        assert torch.equal(qgemv.qgemv_rows(x[:rows], qw, b, lib=lib, activations=activations),
+                           qgemv.qgemv_rows(x[:rows], wide, b, lib=lib, activations=activations))

@@ -39,7 +39,10 @@ def test_int4_error_is_at_most_half_a_step_per_group(gs, n):
     qw = quant.quantize_int4(w, gs)
     q, s = qw.codes(), qw.row_scales()
     assert s.shape == (n, k // gs) and int(q.min()) >= -7 and int(q.max()) <= 7
-    torch.testing.assert_close(s, w.reshape(n, k // gs, gs).abs().amax(-1) / 7, rtol=0, atol=0)
+    # the scale is max|w| / 7 rounded to fp16 and stored as fp16 (half the scale bytes); if rounding lowered it,
+    # the largest element clips by at most 2^-11 max|w| < step / 2, so the half-step bound below still holds
+    assert qw.scales.dtype == torch.float16
+    torch.testing.assert_close(s, (w.reshape(n, k // gs, gs).abs().amax(-1) / 7).half().float(), rtol=0, atol=0)
     step = s.repeat_interleave(gs, dim=1)
     err = (w - qw.dequantize()).abs()
     assert bool((err <= step / 2 + 2 * U * w.abs()).all()), float((err - step / 2).max())
@@ -86,6 +89,12 @@ def test_layout_bytes():
         assert byte >> 4 == int(codes4[16 * i + r, 8 * c + 4 + j]) + 8
     sc = quant.from_codes("int4", codes4, torch.arange(n * 2, dtype=torch.float32).reshape(n, 2), 32).scales
     assert sc.shape == (2, 2, 16) and float(sc[1, 1, 3]) == 2 * 19 + 1 and float(sc[1, 0, 5]) == 0
+    # int4 scales fp16 can hold exactly are stored as fp16; others stay fp32, never rounded
+    assert sc.dtype == torch.float16
+    inexact = torch.full((n, 2), 0.1)
+    kept = quant.from_codes("int4", codes4, inexact, 32)
+    assert kept.scales.dtype == torch.float32 and torch.equal(kept.row_scales(), inexact)
+    assert quant.from_codes("int8", codes4, torch.ones(n), None).scales.dtype == torch.float32
 
 
 def test_k_not_divisible_by_the_group_size_is_an_error():
@@ -109,7 +118,7 @@ def test_bad_codes_and_layouts_are_errors():
 
 def test_nbytes_and_repr():
     qw = quant.quantize_int4(torch.randn(3072, 1024), 32)
-    assert qw.nbytes == 3072 * 1024 // 2 + 3072 * 32 * 4
+    assert qw.nbytes == 3072 * 1024 // 2 + 3072 * 32 * 2 == quant.packed_nbytes((3072, 1024), "int4", 32)
     assert quant.quantize_int8(torch.randn(30, 50)).nbytes == 32 * 64 + 32 * 4
     assert "int4, group_size=32, shape=(3072, 1024)" in repr(qw)
 
