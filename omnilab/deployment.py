@@ -50,13 +50,13 @@ class Deployment:
     chunk_schedule: Any            # ChunkSchedule | None
     vllm_deploy: Any = None        # omnilab.stages.vllm.deploy.VllmDeploy, resolved once (vllm backend)
     gemv: Any = None               # omnilab.kernels.GemvChoice of this process (set by Pipeline.from_pretrained)
-    hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
-    weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
+    hugepages: Any = None          # omnilab.tuning.hugepages.HugepagesChoice (idem)
+    weights: Any = None            # omnilab.tuning.storage.WeightStorage of the talker (idem)
     snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
-    code2wav_dtype: Any = None     # omnilab.kernels.code2wav_dtype.Code2WavDtype of code2wav's conv decoder (idem)
-    code2wav_conv: Any = None      # omnilab.kernels.code2wav_conv.Code2WavConv: its fp32 conv path (idem)
+    code2wav_dtype: Any = None     # omnilab.tuning.code2wav_dtype.Code2WavDtype of code2wav's conv decoder (idem)
+    code2wav_conv: Any = None      # omnilab.tuning.code2wav_conv.Code2WavConv: its fp32 conv path (idem)
     quantization: Any = None       # QuantizationRow of the talker's decode matrices (idem; None: not resolved)
-    paths: Any = None              # omnilab.kernels.timing.LinearPaths: bf16 decode rows, prefill GEMMs (idem)
+    paths: Any = None              # omnilab.tuning.timing.LinearPaths: bf16 decode rows, prefill GEMMs (idem)
     kernels: tuple = ()            # omnilab.kernels.KernelRow of each kernel choice, the rows shown (idem)
     not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
 
@@ -136,7 +136,7 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
 
     from omnilab.checkpoint.quantized import quantization_for
     from omnilab.kernels.quant import packed_nbytes
-    from omnilab.kernels.storage import talker_streamed_name
+    from omnilab.tuning.storage import talker_streamed_name
 
     # a pack-quantized checkpoint: its own quantization, its packed matrices seen at their [N, K] (docs/quantization.md)
     choice, index = quantization_for(Path(checkpoint_dir), method, group_size, config)
@@ -219,8 +219,8 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
                  if v is not None}
     kwargs: dict[str, Any] = {"overrides": overrides} if overrides else {}
     if name is None:  # an open dtype follows the timing of this machine's linear paths (OMNILAB_PLAN_TIMING)
-        from omnilab.models.code2wav_timing import with_code2wav_times
-        from omnilab.kernels.timing import path_times
+        from omnilab.tuning.code2wav_timing import with_code2wav_times
+        from omnilab.tuning.timing import path_times
         kwargs["path_times"] = with_code2wav_times(path_times())  # + code2wav's bf16/fp32 timing where bf16 is native
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency

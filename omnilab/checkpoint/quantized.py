@@ -32,7 +32,7 @@ import torch
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.errors import CheckpointError, ConfigError
 from omnilab.kernels.quant import INT4_GROUP_SIZES, QUANT_ENV, Quantization, from_codes, quantization_choice
-from omnilab.kernels.storage import talker_streamed_name
+from omnilab.tuning.storage import talker_streamed_name
 
 QUANT_METHOD = "compressed-tensors"
 FORMAT = "pack-quantized"
@@ -237,7 +237,7 @@ class PackedIndex:
     ``weight_shape``; :meth:`read` of it is the ``QuantizedWeight`` (codes unpacked, ``from_codes`` into the
     kernel layout, fp32 scales). Every other tensor is the file's. ``packed``: those names without ``talker.``.
     Checks at construction: every packed module has all of :data:`PARTS`, is a decode matrix
-    (:func:`~omnilab.kernels.storage.talker_streamed_name`), and its shapes agree with ``weight_shape`` and the
+    (:func:`~omnilab.tuning.storage.talker_streamed_name`), and its shapes agree with ``weight_shape`` and the
     scheme; every decode matrix not in ``ignore`` is packed; no zero points (symmetric) or ``g_idx``."""
 
     def __init__(self, index: TensorIndex, scheme: PackedScheme, where: str = "model.safetensors"):

@@ -124,7 +124,7 @@ def _path_times(overrides: dict) -> object:
     if "dtype" in overrides:
         return None
     try:
-        from omnilab.kernels.timing import path_times
+        from omnilab.tuning.timing import path_times
     except ImportError:  # the core install (no torch): the ISA rule
         return None
     return path_times()

@@ -72,7 +72,7 @@ class QgemvChoice:
     reason: str
     source: str               # "auto" | "env" | "argument" (use_qgemv)
     max_rows: int = MAX_ROWS
-    prefetch: tuple[int, int, int] | None = None  # bytes per kind of call (kernels/prefetch.py), None: torch
+    prefetch: tuple[int, int, int] | None = None  # bytes per kind of call (tuning/prefetch.py), None: torch
 
     @property
     def label(self) -> str:
@@ -122,7 +122,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                                          "(fp32 activations) or its int8-activation reference", env, flags)
     if lib is None:
         return QgemvChoice("torch", None, None, reason + note, source), None
-    from omnilab.kernels.prefetch import SLOTS, resolve as resolve_prefetch
+    from omnilab.tuning.prefetch import SLOTS, resolve as resolve_prefetch
 
     pf = resolve_prefetch(lib)
     dots = "vpdpbusd / vpdpwssd" if lib.isa == "avx512" else "vpmaddubsw / vpmaddwd"

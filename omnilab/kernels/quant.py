@@ -314,7 +314,7 @@ ACTIVATION_MODES = ("auto", "int8", "int16", "fp32")
 
 @dataclass(frozen=True)
 class Quantization:
-    """Whether and how the talker's decode matrices (:func:`omnilab.kernels.storage.talker_streamed_name`) are
+    """Whether and how the talker's decode matrices (:func:`omnilab.tuning.storage.talker_streamed_name`) are
     quantized at load (from the file's values; fp32 compute through :func:`omnilab.kernels.qgemv.qlinear`)."""
 
     method: str                 # recipe: "none" | "int8" | "int4" | "int4-all" (config.QUANT_RECIPES: format per part)

@@ -215,8 +215,8 @@ def bandwidth_from_times(times) -> Bandwidth | None:
 
 def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None, times=None) -> str:
     """What code2wav will compute in under the profile's dtype (``asked``: the dtype field when set, else ""), by
-    the rule ``kernels.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
-    ``times``: this machine's code2wav timing, ``kernels.code2wav_timing``; None: the ISA prior)."""
+    the rule ``tuning.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
+    ``times``: this machine's code2wav timing, ``tuning.code2wav_timing``; None: the ISA prior)."""
     from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
     raw = (settings.raw(CODE2WAV_ENV, env) or "auto").strip().lower()
     if raw not in ("auto", "float32", "bfloat16"):

@@ -103,7 +103,7 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
             variables (``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND``,
             ``VLLM_CPU_NUM_OF_RESERVED_CPU``) over arguments (see ``omnilab.profiles.overrides``).
         path_times: a :class:`~omnilab.profiles.timing.PathTimes` measured on this machine
-            (``omnilab.kernels.timing.path_times``): an automatic dtype follows it; None: the ISA rule.
+            (``omnilab.tuning.timing.path_times``): an automatic dtype follows it; None: the ISA rule.
     """
     hw = hardware or probe_hardware()
     geo = as_geometry(model_config)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from omnilab import settings
 from omnilab.errors import ConfigError
-from omnilab.kernels.timing_key import _key, _schedstat, cached, timing_mode
+from omnilab.tuning.timing_key import _key, _schedstat, cached, timing_mode
 from omnilab.profiles.timing import (PathTimes, bf16_decode_from_times,
                                      prefill_from_times)
 
@@ -67,7 +67,7 @@ def measure(threads: int | None = None, mib: int | None = None, lib=None, call=N
             if lib is not None:
                 cands["fp32-kernel"] = lambda: [call(lib, x32[w.shape[1]], w, None, rows) for w in ws]
                 cands["bf16-kernel"] = lambda: [call(lib, xb[w.shape[1]].float(), w, None, rows).bfloat16() for w in ws]
-            else:  # no kernel: an fp32 talker keeps fp32 copies (kernels.storage), so its decode is MKL over them
+            else:  # no kernel: an fp32 talker keeps fp32 copies (tuning.storage), so its decode is MKL over them
                 wf = [w.float() for w in ws]
                 cands["fp32-kernel"] = lambda: [F.linear(x32[w.shape[1]], w) for w in wf]
             for _ in range(2):  # two alternated rounds: the best of each candidate

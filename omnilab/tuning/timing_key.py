@@ -1,6 +1,6 @@
 """What a cached timing on this machine is keyed on, how noisy it was, the ``OMNILAB_PLAN_TIMING`` mode, and the cache
-file itself (:func:`cached`): shared by the path timing (:mod:`omnilab.kernels.timing`) and the quantized GEMV's
-prefetch timing (:mod:`omnilab.kernels.prefetch`), which must not import each other (the GEMV modules import the
+file itself (:func:`cached`): shared by the path timing (:mod:`omnilab.tuning.timing`) and the quantized GEMV's
+prefetch timing (:mod:`omnilab.tuning.prefetch`), which must not import each other (the GEMV modules import the
 prefetch)."""
 from __future__ import annotations
 
