@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnilab.errors import InputError
+from omnilab.config import has_int4, parse_quantization, quantization_spelling as config_spelling
+from omnilab.errors import ConfigError, InputError
+from omnilab.hardware import format_cpulist
 
 DEPLOY_MODES = ("auto", "inprocess", "workers")
 
@@ -65,7 +67,6 @@ class Deployment:
         profile (it folded the arguments in; ``OMNILAB_*`` wins there too), else the arguments as given."""
         if self.profile is None:
             return method, group_size
-        from omnilab.config import parse_quantization
         return parse_quantization(self.profile.quantization.value, "profile quantization")
 
     def rows(self) -> list[tuple[str, str]]:
@@ -169,9 +170,6 @@ def _dtype_name(dtype: Any) -> str | None:
 def quantization_spelling(quantization: Any, group_size: Any) -> str | None:
     """``from_pretrained``'s ``quantization=`` / ``quant_group_size=`` as one profile spelling (None: not given):
     ``("int4", 64)`` -> ``"int4-g64"``; a group with another method is a ``ConfigError``."""
-    from omnilab.config import has_int4, parse_quantization, quantization_spelling
-    from omnilab.errors import ConfigError
-
     if quantization is None and group_size is None:
         return None
     method, group = parse_quantization(quantization, "quantization")
@@ -181,7 +179,7 @@ def quantization_spelling(quantization: Any, group_size: Any) -> str | None:
                               f"spelling (quantization={quantization!r}); int8 has one scale per output channel")
         parse_quantization(f"int4-g{group_size}", "quant_group_size")  # names the accepted sizes
         group = group_size
-    return quantization_spelling(method, group)
+    return config_spelling(method, group)
 
 
 def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = None, num_threads: int | None = None,
@@ -320,7 +318,6 @@ def fit_in_process(profile, affinity: set[int] | None = None):
     so code2wav gets all its threads.
     Explicit values (environment, argument, preset, file) stay and are applied around each code2wav call.
     ``not_applied`` names what a running process cannot honour, with the reason."""
-    from omnilab.hardware import format_cpulist
     from omnilab.profiles.profile import Resolved
 
     c2w_t, c2w_c, mode = profile.code2wav_threads, profile.code2wav_cpus, profile.mode

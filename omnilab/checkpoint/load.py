@@ -35,9 +35,10 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from omnilab import settings
+from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from omnilab.errors import CheckpointError, ConfigError
-from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.tokenizer import TextTokenizer
 
 __all__ = ["LoadedModel", "load_model", "resolve_checkpoint", "validate_checkpoint_dir", "resolve_dtype",
@@ -97,7 +98,6 @@ def resolve_dtype(dtype: Any = None) -> tuple[torch.dtype, str]:
         if d is not None:
             return d, f"requested dtype={dtype}"
     else:
-        from omnilab import settings
         if (name := settings.env_dtype()) is not None:
             return _DTYPES[name], f"OMNILAB_DTYPE={settings.raw('OMNILAB_DTYPE').strip()}"
     from omnilab.tuning.timing import auto_dtype

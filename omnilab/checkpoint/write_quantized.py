@@ -29,6 +29,7 @@ from omnilab.checkpoint.load import meta_init, read_configs, resolve_checkpoint,
 from omnilab.checkpoint.quantized import BITS, pack_int32, quantization_config, read_scheme
 from omnilab.checkpoint.random import _publish, write_safetensors
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
+from omnilab.config import QUANT_RECIPES, parse_quantization
 from omnilab.errors import CheckpointError, ConfigError, InputError
 from omnilab.kernels.quant import quantization_choice
 from omnilab.tuning.storage import talker_streamed_name
@@ -64,8 +65,6 @@ def _copy_files(src: Path, dst: Path, skip: set[Path]) -> None:
 def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: str, group_size: int | None = None,
                         *, overwrite: bool = False, progress: bool | None = None) -> Path:
     """Write the quantized copy of ``src`` at ``dst`` and return ``dst`` (see the module docstring)."""
-    from omnilab.config import QUANT_RECIPES, parse_quantization
-
     try:
         recipe, spelled = parse_quantization(method, "method")  # "int4-all-g32" names its group
     except ConfigError:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from omnilab import settings
+from omnilab.hardware import avx512_without_vnni, cpu_flags
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 from omnilab.kernels.quant import ROWS, QuantizedWeight, int_act_reference
 from omnilab.kernels.trust import open_library, symbol
@@ -101,14 +102,12 @@ class _Lib:
 
 
 def _no_vnni(flags: frozenset[str]) -> bool:
-    from omnilab.hardware import avx512_without_vnni
     return avx512_without_vnni(flags)
 
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[QgemvChoice, _Lib | None]:
     """Decide (and build) without installing the result; :func:`qgemv_choice` caches it per process."""
     if flags is None:
-        from omnilab.hardware import cpu_flags
         flags = cpu_flags()
     flags = frozenset(flags)
     note = ""

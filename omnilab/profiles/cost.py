@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from omnilab import settings
+from omnilab.config import stored_quantization
 from omnilab.errors import ConfigError
 
 BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
@@ -110,7 +111,6 @@ class ModelGeometry:
         if decoder is not None:
             scale = (decoder.decoder_dim / 1536) ** 2
             extra = dict(decoder_gflop_per_frame=4.96 * scale, decoder_params=int(114_323_137 * scale))
-        from omnilab.config import stored_quantization
         extra["stored_quantization"] = stored_quantization(cfg.quantization_config)
         if not name:  # the config's size field names the family; a reduced test geometry says so (and its shape)
             rel = cls.released(cfg.tts_model_size)

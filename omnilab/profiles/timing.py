@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from omnilab.hardware import native_bf16
+
 MARGIN = 0.97        # a candidate must be this much faster (3 %) to replace the more exact fp32 / torch default
 TIMING_ENV = "OMNILAB_PLAN_TIMING"
 TIMING_MODES = ("auto", "on", "off", "refresh")
@@ -136,8 +138,6 @@ def code2wav_dtype_rule(raw: str, flags: frozenset[str], arch: str, asked: Any =
     else fp32; without a timing the ISA prior: bf16 with AMX (measured faster), fp32 with avx512_bf16 alone. The one
     copy of the rule: ``tuning.code2wav_dtype`` (what runs) and the planner's cost model (what it estimates, from
     the prior) both call it."""
-    from omnilab.hardware import native_bf16
-
     native, isa = native_bf16(flags, arch)
     if raw == "float32":
         return "float32", native, f"{CODE2WAV_ENV}=float32: fp32 everywhere (reference numerics)"

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from omnilab import settings
 from omnilab.errors import ConfigError
+from omnilab.hardware import cpu_flags
 
 ENV = "OMNILAB_CODE2WAV_DTYPE"
 MODES = ("auto", "float32", "bfloat16")
@@ -74,7 +75,6 @@ def code2wav_dtype_choice(requested=None, env: str | None = None, flags: frozens
     if raw not in MODES:
         raise ConfigError(f"{ENV}={text!r} is not a code2wav dtype; accepted: {', '.join(MODES)}")
     if flags is None:
-        from omnilab.hardware import cpu_flags
         flags = cpu_flags()
     arch = arch or platform.machine()
     asked = (settings.env_dtype() or "") if requested is None else requested

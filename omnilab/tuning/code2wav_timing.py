@@ -21,6 +21,10 @@ import time
 import torch
 from torch import nn
 
+from omnilab import settings
+from omnilab.hardware import cpu_has_native_bf16
+from omnilab.paths import cache_dir
+
 BLOCK_FRAMES = 10
 ROUNDS = 2
 # the released 12 Hz decoder's conv stages (speech_tokenizer/config.json): channels halve per block
@@ -89,8 +93,6 @@ _MEMO: dict[str, dict] = {}
 def _decides(requested=None) -> bool:
     """Whether the timing decides code2wav's dtype here: ``OMNILAB_CODE2WAV_DTYPE`` auto, native bf16, float32 not
     asked for the pipeline (``requested``, else ``OMNILAB_DTYPE``); elsewhere the rule needs none, none is measured."""
-    from omnilab import settings
-    from omnilab.hardware import cpu_has_native_bf16
     from omnilab.profiles.timing import asks_fp32
     from omnilab.tuning.code2wav_dtype import ENV
 
@@ -117,7 +119,6 @@ def with_code2wav_times(times):
 def code2wav_times(threads: int | None = None, env: str | None = None) -> dict | None:
     """The cached timing for this machine (measured on first use): ``{"float32": ms, "bfloat16": ms, "threads": n,
     "frames": block, "cached": bool}`` (ms per frame), or None under ``OMNILAB_PLAN_TIMING=off``."""
-    from omnilab.paths import cache_dir
     from omnilab.tuning.timing_key import _key, cached, timing_mode
 
     mode = timing_mode(env)

@@ -22,6 +22,7 @@ import torch
 
 from omnilab import settings
 from omnilab.errors import ConfigError
+from omnilab.paths import cache_dir
 
 ENV = "OMNILAB_QGEMV_PREFETCH"
 SLOTS = ("one_row_int8_act", "rows_int8_act", "fp32_act")
@@ -145,7 +146,6 @@ def resolve(lib, threads: int | None = None) -> Prefetch:
 
 
 def _timed(lib, threads: int, refresh: bool) -> Prefetch:
-    from omnilab.paths import cache_dir
     from omnilab.tuning.timing_key import _key, cached
 
     key, parts = _key(threads, str(lib.path))

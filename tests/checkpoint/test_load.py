@@ -143,10 +143,10 @@ def test_dtype_spellings_and_precedence(monkeypatch):
                            ("bf16", torch.bfloat16), ("BFloat16", torch.bfloat16), (torch.bfloat16, torch.bfloat16),
                            ("torch.float32", torch.float32)]:
         assert resolve_dtype(spelling)[0] == want
-    monkeypatch.setattr("omnilab.hardware.cpu_has_native_bf16", lambda: (False, "x86 without avx512_bf16"))
+    monkeypatch.setattr("omnilab.tuning.timing.cpu_has_native_bf16", lambda: (False, "x86 without avx512_bf16"))
     d, why = resolve_dtype()  # the suite runs the ISA rule (OMNILAB_PLAN_TIMING=off, tests/conftest.py)
     assert d == torch.float32 and why.startswith("auto: x86 without avx512_bf16")
-    monkeypatch.setattr("omnilab.hardware.cpu_has_native_bf16", lambda: (True, "x86 with amx_bf16"))
+    monkeypatch.setattr("omnilab.tuning.timing.cpu_has_native_bf16", lambda: (True, "x86 with amx_bf16"))
     assert resolve_dtype()[0] == torch.bfloat16 and resolve_dtype("auto")[0] == torch.bfloat16
     monkeypatch.setenv("OMNILAB_DTYPE", "fp32")
     assert resolve_dtype() == (torch.float32, "OMNILAB_DTYPE=fp32")
