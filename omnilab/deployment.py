@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnilab.errors import InputError
+from omnilab.config import has_int4, parse_quantization, quantization_spelling as config_spelling
+from omnilab.errors import ConfigError, InputError
+from omnilab.hardware import format_cpulist
 
 DEPLOY_MODES = ("auto", "inprocess", "workers")
 
@@ -50,13 +52,13 @@ class Deployment:
     chunk_schedule: Any            # ChunkSchedule | None
     vllm_deploy: Any = None        # omnilab.stages.vllm.deploy.VllmDeploy, resolved once (vllm backend)
     gemv: Any = None               # omnilab.kernels.GemvChoice of this process (set by Pipeline.from_pretrained)
-    hugepages: Any = None          # omnilab.kernels.hugepages.HugepagesChoice (idem)
-    weights: Any = None            # omnilab.kernels.storage.WeightStorage of the talker (idem)
+    hugepages: Any = None          # omnilab.tuning.hugepages.HugepagesChoice (idem)
+    weights: Any = None            # omnilab.tuning.storage.WeightStorage of the talker (idem)
     snake: Any = None              # omnilab.kernels.snake.SnakeChoice for code2wav's activation (idem)
-    code2wav_dtype: Any = None     # omnilab.kernels.code2wav_dtype.Code2WavDtype of code2wav's conv decoder (idem)
-    code2wav_conv: Any = None      # omnilab.kernels.code2wav_conv.Code2WavConv: its fp32 conv path (idem)
+    code2wav_dtype: Any = None     # omnilab.tuning.code2wav_dtype.Code2WavDtype of code2wav's conv decoder (idem)
+    code2wav_conv: Any = None      # omnilab.tuning.code2wav_conv.Code2WavConv: its fp32 conv path (idem)
     quantization: Any = None       # QuantizationRow of the talker's decode matrices (idem; None: not resolved)
-    paths: Any = None              # omnilab.kernels.timing.LinearPaths: bf16 decode rows, prefill GEMMs (idem)
+    paths: Any = None              # omnilab.tuning.timing.LinearPaths: bf16 decode rows, prefill GEMMs (idem)
     kernels: tuple = ()            # omnilab.kernels.KernelRow of each kernel choice, the rows shown (idem)
     not_applied: tuple[tuple[str, str], ...] = ()  # (profile field, why it does not apply where the stage runs)
 
@@ -65,7 +67,6 @@ class Deployment:
         profile (it folded the arguments in; ``OMNILAB_*`` wins there too), else the arguments as given."""
         if self.profile is None:
             return method, group_size
-        from omnilab.config import parse_quantization
         return parse_quantization(self.profile.quantization.value, "profile quantization")
 
     def rows(self) -> list[tuple[str, str]]:
@@ -136,7 +137,7 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
 
     from omnilab.checkpoint.quantized import quantization_for
     from omnilab.kernels.quant import packed_nbytes
-    from omnilab.kernels.storage import talker_streamed_name
+    from omnilab.tuning.storage import talker_streamed_name
 
     # a pack-quantized checkpoint: its own quantization, its packed matrices seen at their [N, K] (docs/quantization.md)
     choice, index = quantization_for(Path(checkpoint_dir), method, group_size, config)
@@ -169,9 +170,6 @@ def _dtype_name(dtype: Any) -> str | None:
 def quantization_spelling(quantization: Any, group_size: Any) -> str | None:
     """``from_pretrained``'s ``quantization=`` / ``quant_group_size=`` as one profile spelling (None: not given):
     ``("int4", 64)`` -> ``"int4-g64"``; a group with another method is a ``ConfigError``."""
-    from omnilab.config import has_int4, parse_quantization, quantization_spelling
-    from omnilab.errors import ConfigError
-
     if quantization is None and group_size is None:
         return None
     method, group = parse_quantization(quantization, "quantization")
@@ -181,7 +179,7 @@ def quantization_spelling(quantization: Any, group_size: Any) -> str | None:
                               f"spelling (quantization={quantization!r}); int8 has one scale per output channel")
         parse_quantization(f"int4-g{group_size}", "quant_group_size")  # names the accepted sizes
         group = group_size
-    return quantization_spelling(method, group)
+    return config_spelling(method, group)
 
 
 def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = None, num_threads: int | None = None,
@@ -219,8 +217,8 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
                  if v is not None}
     kwargs: dict[str, Any] = {"overrides": overrides} if overrides else {}
     if name is None:  # an open dtype follows the timing of this machine's linear paths (OMNILAB_PLAN_TIMING)
-        from omnilab.models.code2wav_timing import with_code2wav_times
-        from omnilab.kernels.timing import path_times
+        from omnilab.tuning.code2wav_timing import with_code2wav_times
+        from omnilab.tuning.timing import path_times
         kwargs["path_times"] = with_code2wav_times(path_times())  # + code2wav's bf16/fp32 timing where bf16 is native
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency
@@ -320,7 +318,6 @@ def fit_in_process(profile, affinity: set[int] | None = None):
     so code2wav gets all its threads.
     Explicit values (environment, argument, preset, file) stay and are applied around each code2wav call.
     ``not_applied`` names what a running process cannot honour, with the reason."""
-    from omnilab.hardware import format_cpulist
     from omnilab.profiles.profile import Resolved
 
     c2w_t, c2w_c, mode = profile.code2wav_threads, profile.code2wav_cpus, profile.mode

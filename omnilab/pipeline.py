@@ -140,7 +140,7 @@ class Pipeline(OwnedRequests, PipelineRepr):
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
         from omnilab.kernels import kernel_choices
-        from omnilab.models.code2wav_timing import timed_code2wav_dtype as c2w_dtype
+        from omnilab.tuning.code2wav_timing import timed_code2wav_dtype as c2w_dtype
         # resolved here: a bad kernel/dtype/quantization variable fails before any worker starts; kernels built once
         kernels = kernel_choices(compute := resolve_dtype(dep.dtype)[0])
         chosen = {k.key: k.choice for k in kernels}

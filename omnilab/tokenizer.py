@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from omnilab.errors import CheckpointError, InputError
+from omnilab.paths import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +304,6 @@ def qwen_bpe_files(cache_root: Path) -> tuple[Path, Path] | None:
     m = _bytes_to_unicode()
     enc = lambda b: "".join(m[x] for x in b)  # noqa: E731
     vocab = {enc(t): r for t, r in sorted(ranks.items(), key=lambda kv: kv[1])}
-    from omnilab.paths import private_dir
     private_dir(out)  # under the cache: 0700, an unusable OMNILAB_CACHE is a ConfigError naming it
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         _write_bpe(Path(tmp), vocab, [(enc(a), enc(b)) for a, b in merges])

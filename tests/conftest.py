@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 # The suite's numerics must not follow a timing taken on a shared host (dtype="auto", the bf16 prefill GEMM): it runs
 # the ISA rule (OMNILAB_PLAN_TIMING=off, docs/kernels.md#measured-dtype-and-linear-paths). The timing itself and the
 # choices made from it are tested with injected figures (tests/profiles/test_timing.py) and one real, small timing
-# (tests/kernels/test_linear_timing.py).
+# (tests/tuning/test_linear_timing.py).
 os.environ.setdefault("OMNILAB_PLAN_TIMING", "off")
 
 # The variables that choose this machine's kernel builds: a run under caps (``scripts/test.sh --avx2-one-thread``)

@@ -34,7 +34,7 @@ def test_auto_profile_places_the_engine_by_the_planned_mode(tiny_ckpt, monkeypat
     from omnilab.hardware import probe_hardware
 
     hw = probe_hardware(Path(__file__).resolve().parent / "fixtures" / "hardware" / f"{machine}.json")
-    monkeypatch.setattr("omnilab.hardware.probe_hardware", lambda *a, **k: hw)  # what resolve_profile probes
+    monkeypatch.setattr("omnilab.profiles.resolve.probe_hardware", lambda *a, **k: hw)  # what resolve_profile probes
     for k in [k for k in os.environ if k.startswith("VLLM_CPU_")]:  # vLLM's CPU variables would override the plan
         monkeypatch.delenv(k)
     if mode == "split":

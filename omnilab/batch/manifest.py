@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from omnilab.config import Qwen3TTSConfig
 from omnilab.errors import InputError
 
 REQUEST_FIELDS = ("speaker", "language", "instruct", "ref_audio", "ref_text", "x_vector_only_mode",
@@ -245,7 +246,6 @@ def check_for_model(manifest: Manifest, model_dir: str | Path) -> Manifest:
     cfg_path = Path(model_dir) / "config.json"
     if not cfg_path.is_file():
         return manifest
-    from omnilab.config import Qwen3TTSConfig
 
     cfg = Qwen3TTSConfig.load(cfg_path)
     kind = cfg.tts_model_type

@@ -13,11 +13,12 @@ import socket
 import time
 from typing import Any, Mapping
 
+from omnilab.errors import OmnilabError
+from omnilab.hardware import probe_hardware
+
 
 def numa_pools() -> list[tuple[int, tuple[int, ...]]]:
     """``[(NUMA node id, first CPU of each usable physical core)]`` of the machine this runs on (probed)."""
-    from omnilab.hardware import probe_hardware
-
     hw = probe_hardware()
     pools: dict[int, list[int]] = {}
     for core in hw.usable_cores:
@@ -76,8 +77,6 @@ class BatchWorker:
         """One row (``Utterance.to_dict()``, ``ref_audio`` possibly already read as ``(wav, sr)``) -> its record
         with ``audio`` (float32 at 24 kHz). A request the model refuses (``OmnilabError``) comes back as a record
         with ``error`` set; anything else raises (the driver reports it for that row)."""
-        from omnilab.errors import OmnilabError
-
         base = {"id": utt["id"], "line": utt["line"], "text": utt["text"], "node": self.node, "actor": self.name,
                 "pid": os.getpid(), "profile": self.profile,
                 "settings": utt.get("settings_json") or settings_json(utt["settings"])}

@@ -23,6 +23,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from omnilab.errors import InputError
+from omnilab.hardware import probe_hardware
 
 if TYPE_CHECKING:
     from omnilab.bench.run import BenchConfig
@@ -40,8 +41,6 @@ def run_config(child_cfg: dict) -> dict:
     from pathlib import Path
 
     import ray
-
-    from omnilab.hardware import probe_hardware
 
     node = f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
     with tempfile.TemporaryDirectory(prefix="omnilab-bench-") as d:

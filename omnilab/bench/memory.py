@@ -19,6 +19,8 @@ import os
 import threading
 from pathlib import Path
 
+from omnilab.hardware import probe_hardware
+
 Snapshot = dict[tuple[int, int], tuple[int, int]]  # (pid, tid) -> (cpu ns, run-queue wait ns)
 
 
@@ -64,8 +66,6 @@ def mem_available_bytes(meminfo: str | None = None) -> int:
     """Bytes this process can still allocate: MemAvailable capped by the cgroup's room, as the planner reads it
     (``hardware.HardwareInfo.memory_available_bytes``). ``meminfo``: that file's MemAvailable instead (a test's);
     0 where it cannot be read."""
-    from omnilab.hardware import probe_hardware
-
     if meminfo is None:
         return probe_hardware().memory_available_bytes
     try:

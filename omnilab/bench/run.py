@@ -23,7 +23,9 @@ from typing import Any, Sequence
 from omnilab.bench import backends as be
 from omnilab.bench import floors, modes
 from omnilab.bench.results import WAIT_FLAG_PCT, BenchResult, load_bench  # noqa: F401  (load_bench re-exported)
+from omnilab.config import VARIANTS
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
+from omnilab.paths import cache_dir, file_lock
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "harvard.txt"  # package data
 DEFAULT_OUT = "omnilab-bench"  # results go to ./omnilab-bench/ unless --out names a directory
@@ -91,7 +93,6 @@ class BenchConfig:
             raise ValueError(f"mode={self.mode!r}; accepted: {', '.join(MODES)}")
         if self.fidelity not in ("auto", "on", "off"):
             raise ValueError(f"fidelity={self.fidelity!r}; accepted: auto, on, off")
-        from omnilab.config import VARIANTS
 
         if self.variant not in VARIANTS:
             raise ValueError(f"variant={self.variant!r}; accepted: {', '.join(VARIANTS)}")
@@ -126,7 +127,6 @@ def checkpoint_for(cfg: BenchConfig) -> Path:
     if cfg.checkpoint:
         return Path(cfg.checkpoint)
     from omnilab.checkpoint.random import default_checkpoint, make_random_checkpoint
-    from omnilab.paths import cache_dir, file_lock
 
     if cfg.size == "tiny" and cfg.variant == "custom_voice":
         return default_checkpoint()

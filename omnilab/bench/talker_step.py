@@ -109,7 +109,7 @@ def main(argv=None):
     for pg in pages:  # same seed: identical weights, placed differently
         cfg, models[pg] = build(a.size, dtype)
         if pg == "huge":
-            from omnilab.kernels.hugepages import pack
+            from omnilab.tuning.hugepages import pack
             pack(models[pg])
     t = models[pages[0]]
     build_s = time.perf_counter() - t0

@@ -19,7 +19,7 @@ Contract:
   ``weight_files(dir, stem)`` (single file or shards), ``TensorIndex`` and ``meta_init()`` (build modules
   without allocating or initialising parameters). ``read_configs(dir)`` parses the two config files once.
 - Compute dtype (``resolve_dtype``): the argument, else ``$OMNILAB_DTYPE``, else the measured rule of the talker
-  (``kernels.timing.auto_dtype``, docs/kernels.md#measured-dtype-and-linear-paths); always with a reason.
+  (``tuning.timing.auto_dtype``, docs/kernels.md#measured-dtype-and-linear-paths); always with a reason.
 """
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from omnilab import settings
+from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from omnilab.errors import CheckpointError, ConfigError
-from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.tokenizer import TextTokenizer
 
 __all__ = ["LoadedModel", "load_model", "resolve_checkpoint", "validate_checkpoint_dir", "resolve_dtype",
@@ -97,10 +98,9 @@ def resolve_dtype(dtype: Any = None) -> tuple[torch.dtype, str]:
         if d is not None:
             return d, f"requested dtype={dtype}"
     else:
-        from omnilab import settings
         if (name := settings.env_dtype()) is not None:
             return _DTYPES[name], f"OMNILAB_DTYPE={settings.raw('OMNILAB_DTYPE').strip()}"
-    from omnilab.kernels.timing import auto_dtype
+    from omnilab.tuning.timing import auto_dtype
     name, why = auto_dtype()  # the planner's rule over this machine's timing (docs/kernels.md)
     return _DTYPES[name], f"auto: {why}"
 
@@ -241,7 +241,7 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
     Names and shapes must match exactly (``CheckpointError`` / ``ConfigError`` naming the first offending
     tensors). Dtypes: floating tensors become ``dtype``, except those ``keep_bf16(name, file dtype)`` selects
     (names without ``prefix``), which stay in the file's bf16; other tensors keep their file dtype.
-    ``streamed`` (optional) selects matrices to place in one huge-page :class:`~omnilab.kernels.hugepages.
+    ``streamed`` (optional) selects matrices to place in one huge-page :class:`~omnilab.tuning.hugepages.
     WeightArena` (kept as ``module.weight_arena``). ``quantize`` (a :class:`~omnilab.kernels.quant.Quantization`):
     the tensors it ``selects`` become ``QuantizedWeight`` attributes (from the file's values). Every tensor
     starts on a 64-byte boundary (:meth:`TensorIndex.get`). ``mmap=False``: plain file reads for every tensor
@@ -267,7 +267,7 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
             raise ConfigError(msg + ". Check that config.json / speech_tokenizer/config.json belong to these weights")
         raise CheckpointError(msg)
     from omnilab.instrument.progress import bar
-    from omnilab.kernels.hugepages import plan_arena
+    from omnilab.tuning.hugepages import plan_arena
 
     for k in [k for k in expected if quantize is not None and quantize.selects(k)]:
         quantize.install(module, k, index.read(present[k]))  # the parameter leaves the state dict
@@ -310,10 +310,10 @@ def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dt
     huge pages as :func:`streamed_selector` says. ``quantization`` (kept as ``talker.quantization``): decode matrices
     quantized at load, or a packed checkpoint's codes as stored (:func:`~omnilab.checkpoint.quantized.talker_view`)."""
     from omnilab.checkpoint.quantized import talker_view
-    from omnilab.kernels.storage import weight_storage_choice
     from omnilab.models.talker import Talker
+    from omnilab.tuning.storage import weight_storage_choice
 
-    from omnilab.kernels.timing import linear_paths
+    from omnilab.tuning.timing import linear_paths
     linear_paths()  # bf16 decode rows / prefill GEMMs as measured here, resolved before any step (docs/kernels.md)
     storage, (index, quantization) = weight_storage_choice(dtype), talker_view(index, quantization, config)
     tables = UPCAST_TABLES if dtype == torch.float32 else frozenset()
@@ -344,7 +344,7 @@ def _unclaimed(index: TensorIndex, prefixes: tuple[str, ...], file: str) -> None
 
 def streamed_selector() -> Callable[[str], bool] | None:
     """The talker matrices to place in huge pages, or None where :func:`hugepages_choice` says no."""
-    from omnilab.kernels.hugepages import hugepages_choice, talker_streamed_name
+    from omnilab.tuning.hugepages import hugepages_choice, talker_streamed_name
     return talker_streamed_name if hugepages_choice().enabled else None
 
 

@@ -29,10 +29,12 @@ from typing import Any, Mapping
 
 import torch
 
+from omnilab import settings
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
+from omnilab.config import QUANT_PARTS, QUANT_RECIPES, quant_part
 from omnilab.errors import CheckpointError, ConfigError
 from omnilab.kernels.quant import INT4_GROUP_SIZES, QUANT_ENV, Quantization, from_codes, quantization_choice
-from omnilab.kernels.storage import talker_streamed_name
+from omnilab.tuning.storage import talker_streamed_name
 
 QUANT_METHOD = "compressed-tensors"
 FORMAT = "pack-quantized"
@@ -144,8 +146,6 @@ def quantization_config(method: str, group_size: int | None, ignore: list[str] |
     """The ``quantization_config`` entry of ``config.json`` for the recipe ``method`` (and its int4 parts'
     ``group_size``): one group targeting every ``Linear`` when all parts share a format, else one group per
     format whose targets name its parts (:data:`PART_TARGETS`)."""
-    from omnilab.config import QUANT_PARTS, QUANT_RECIPES
-
     formats = QUANT_RECIPES.get(method, (method,) * 4)
     if len(set(formats)) == 1:
         groups = {"group_0": (["Linear"], formats[0])}
@@ -237,7 +237,7 @@ class PackedIndex:
     ``weight_shape``; :meth:`read` of it is the ``QuantizedWeight`` (codes unpacked, ``from_codes`` into the
     kernel layout, its scales). Every other tensor is the file's. ``packed``: those names without ``talker.``.
     Checks at construction: every packed module has all of :data:`PARTS`, is a decode matrix
-    (:func:`~omnilab.kernels.storage.talker_streamed_name`), and its shapes agree with ``weight_shape`` and the
+    (:func:`~omnilab.tuning.storage.talker_streamed_name`), and its shapes agree with ``weight_shape`` and the
     scheme; every decode matrix not in ``ignore`` is packed; no zero points (symmetric) or ``g_idx``."""
 
     def __init__(self, index: TensorIndex, scheme: PackedScheme, where: str = "model.safetensors"):
@@ -326,8 +326,6 @@ class PackedIndex:
     def recipe(self) -> tuple[str, int | None]:
         """``(recipe, int4 group)`` the packed matrices follow (config.QUANT_RECIPES), parts left dense matching any
         format; a ``ConfigError`` when no recipe fits (e.g. an int4 predictor under an int8 talker)."""
-        from omnilab.config import QUANT_PARTS, QUANT_RECIPES, quant_part
-
         seen: dict[str, set[str]] = {}
         for n in self.packed:
             seen.setdefault(quant_part(n), set()).add(self._group[PREFIX + n].method)
@@ -401,7 +399,6 @@ def quantization_for(checkpoint_dir: str | Path, method: Any = None, group_size:
     if view is index:
         return requested, index
     if requested.source != "default":
-        from omnilab import settings
         spelling = (settings.raw(QUANT_ENV) or "").strip() if requested.source == "env" else str(method)
         explicit = group_size is not None or re.search(r"(-g|/)\d+$", spelling) is not None  # "int4-g64"
         asked = f"{QUANT_ENV}={spelling}" if requested.source == "env" else f"quantization={method!r}"

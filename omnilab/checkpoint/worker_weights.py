@@ -17,6 +17,8 @@ from typing import Any
 
 from torch import nn
 
+from omnilab.errors import CheckpointError
+
 
 def release_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``): weights dropped
@@ -31,7 +33,6 @@ def release_memory() -> None:
 
 def _index(directory: Path, what: str):
     from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
-    from omnilab.errors import CheckpointError
 
     files = weight_files(directory, "model")
     if not files:

@@ -3,7 +3,7 @@
 Contract: ``quantize_checkpoint(src, dst, method, group_size=None, overwrite=False, progress=None) -> Path`` writes
 a complete checkpoint directory at ``dst``: every file of ``src`` copied (``speech_tokenizer/`` unchanged), except
 that ``model.safetensors`` (one file, also for a sharded source) stores each talker decode matrix
-(:func:`omnilab.kernels.storage.talker_streamed_name`) in its recipe part's format (``int4``: int4 talker, int8
+(:func:`omnilab.tuning.storage.talker_streamed_name`) in its recipe part's format (``int4``: int4 talker, int8
 predictor; docs/quantization.md#recipes) in compressed-tensors' ``pack-quantized`` format and
 ``config.json`` gains its ``quantization_config`` (docs/quantization.md). The codes and scales are those of
 :func:`omnilab.kernels.quant.quantize` on the file's values, so loading ``dst`` gives exactly the
@@ -29,9 +29,10 @@ from omnilab.checkpoint.load import meta_init, read_configs, resolve_checkpoint,
 from omnilab.checkpoint.quantized import BITS, pack_int32, quantization_config, read_scheme
 from omnilab.checkpoint.random import _publish, write_safetensors
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
+from omnilab.config import QUANT_RECIPES, parse_quantization
 from omnilab.errors import CheckpointError, ConfigError, InputError
 from omnilab.kernels.quant import quantization_choice
-from omnilab.kernels.storage import talker_streamed_name
+from omnilab.tuning.storage import talker_streamed_name
 
 
 def _unquantized_linears(config) -> list[str]:
@@ -63,8 +64,6 @@ def _copy_files(src: Path, dst: Path, skip: set[Path]) -> None:
 def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: str, group_size: int | None = None,
                         *, overwrite: bool = False, progress: bool | None = None) -> Path:
     """Write the quantized copy of ``src`` at ``dst`` and return ``dst`` (see the module docstring)."""
-    from omnilab.config import QUANT_RECIPES, parse_quantization
-
     try:
         recipe, spelled = parse_quantization(method, "method")  # "int4-all-g32" names its group
     except ConfigError:

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from omnilab.errors import OmnilabError
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
 DEFAULT_TEXT = "Hello from omnilab, running on the CPU."
@@ -221,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"omnilab: unknown command {cmd!r}; accepted: {', '.join(SUMMARIES)} (omnilab --help)", file=sys.stderr)
         return 2
-    from omnilab.errors import OmnilabError
 
     try:
         return int(COMMANDS[cmd](rest) or 0)

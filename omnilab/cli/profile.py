@@ -13,6 +13,7 @@ import warnings
 from typing import Sequence
 
 from omnilab.errors import OmnilabError
+from omnilab.hardware import kernel_isas, probe_hardware, snapshot_hardware
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
 
@@ -27,7 +28,6 @@ def probe_main(argv: Sequence[str] | None = None) -> int:
     add_verbosity(ap)
     args = ap.parse_args(argv)
     apply_verbosity(args)
-    from omnilab.hardware import probe_hardware, snapshot_hardware
     try:
         hw = probe_hardware(args.root)
         if args.snapshot:
@@ -36,7 +36,6 @@ def probe_main(argv: Sequence[str] | None = None) -> int:
     except (OmnilabError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from omnilab.hardware import kernel_isas
     if args.json:
         print(json.dumps({**hw.to_dict(), "kernels": kernel_isas(hw.flags)}, indent=1))
     else:
@@ -88,8 +87,6 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         warnings.warn("omnilab plan --profile is deprecated; use --deploy-profile, as the other commands do",
                       FutureWarning, stacklevel=1)
         args.deploy_profile = args.legacy_profile
-    from omnilab.hardware import probe_hardware
-    from omnilab.hardware import kernel_isas
     from omnilab.profiles.resolve import resolve_profile
     try:
         kwargs = {k: v for k, v in (("max_concurrency", args.max_concurrency),
@@ -124,7 +121,7 @@ def _path_times(overrides: dict) -> object:
     if "dtype" in overrides:
         return None
     try:
-        from omnilab.kernels.timing import path_times
+        from omnilab.tuning.timing import path_times
     except ImportError:  # the core install (no torch): the ISA rule
         return None
     return path_times()

@@ -6,11 +6,11 @@ import json
 from typing import Sequence
 
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
+from omnilab.settings import current
 
 
 def settings_main(argv: Sequence[str] | None = None) -> int:
     from omnilab.cli.main import Formatter
-    from omnilab.settings import current
 
     ap = argparse.ArgumentParser(prog="omnilab settings", formatter_class=Formatter,
                                  description="Print every OMNILAB_* environment variable: its value here, where the "

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from omnilab.config import Qwen3TTSConfig
+from omnilab.errors import CheckpointError
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
 VOICE = {
@@ -27,9 +29,6 @@ VOICE = {
 
 def describe(path: str | Path) -> dict[str, Any]:
     """What :func:`speakers_main` prints, for the checkpoint directory ``path``."""
-    from omnilab.config import Qwen3TTSConfig
-    from omnilab.errors import CheckpointError
-
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json; accepted: a checkpoint directory (omnilab make-checkpoint "

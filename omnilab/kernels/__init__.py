@@ -5,42 +5,31 @@
   ``OMNILAB_CPU_GEMV=auto|omnilab|omnilab-avx512|omnilab-avx2|torch`` overrides; ``with use_gemv(mode):``
   switches it for a block (side-by-side timing on one loaded model). fp32 inputs over bf16-stored weights
   take the kernel for 1..16 rows (the bf16 expanded exactly in registers).
-- :mod:`omnilab.kernels.storage`: an fp32 talker keeps its decode matrices in the checkpoint's bf16 (half
-  the bytes per decode step); ``OMNILAB_DECODE_WEIGHTS=auto|bf16|compute``.
 - :mod:`omnilab.kernels.quant` / :mod:`omnilab.kernels.qgemv`: int8 / int4 weight-only quantized decode matrices
   (quantized at load: ``from_pretrained(quantization=)``, ``OMNILAB_QUANTIZATION``); :func:`linear` dispatches a
   ``QuantizedWeight`` to ``qlinear`` (``OMNILAB_CPU_QGEMV``).
 - :mod:`omnilab.kernels.norm`: the decoder's RMSNorm in one call per norm (``OMNILAB_CPU_NORM``);
   :mod:`omnilab.kernels.attention`: one token's q/k norm, RoPE, cache write and attention per layer (``OMNILAB_CPU_ATTN``);
-  :mod:`omnilab.kernels.fuse`: q/k/v and gate/up read in one decode call each (``OMNILAB_FUSE_PROJECTIONS``);
   :mod:`omnilab.kernels.stack`: a decoder stack's one-token step in one call, and the MLP's SwiGLU (``OMNILAB_CPU_STACK``).
 - :mod:`omnilab.kernels.snake`: code2wav's SnakeBeta activation fused into one pass (``OMNILAB_CPU_SNAKE``).
-- :mod:`omnilab.kernels.code2wav_dtype`: :func:`code2wav_dtype_choice`, bf16 conv-decoder GEMMs for code2wav where
-  measured faster (``OMNILAB_CODE2WAV_DTYPE``).
-- :mod:`omnilab.kernels.code2wav_conv`: :func:`~omnilab.kernels.code2wav_conv.conv_choice`, code2wav's fp32 convs on
-  oneDNN's direct convolution for long inputs, per-tap GEMMs below (``OMNILAB_CODE2WAV_CONV``).
-- :mod:`omnilab.kernels.hugepages`: opt-in huge-page arena for those matrices (``OMNILAB_HUGEPAGES``).
 - :mod:`omnilab.kernels.build` / :mod:`omnilab.kernels.trust`: the compiler cache, and loading a cached library only
   when this user built it (owner, mode, the sha256 recorded at build time; docs/kernels.md#build-and-cache).
 
-- :mod:`omnilab.kernels.timing`: a cached timing of the linear paths on this machine, and the choice of bf16 decode
-  rows and prefill GEMMs made from it (``OMNILAB_PLAN_TIMING``, ``OMNILAB_BF16_DECODE``, ``OMNILAB_PREFILL_GEMM``).
 - :func:`kernel_choices`: the list of this process's kernel choices that ``pipe.deployment`` and
-  ``python -m omnilab.kernels`` both show.
+  ``python -m omnilab.kernels`` both show, the per-machine tuning's (:mod:`omnilab.tuning`) among them.
 
-May import: the leaves only (``errors``, ``paths``, ``config``, ``hardware``), and
-``profiles.timing`` (the plain rules over measured times, shared with the planner). The lowest compute layer:
-never ``models``, ``checkpoint``, ``stages``, the rest of ``profiles``, or ``display``.
+May import: the leaves only (``errors``, ``paths``, ``config``, ``hardware``, ``settings``), and, inside functions,
+``tuning`` (:func:`kernel_choices` lists its choices; the quantized GEMV reads its prefetch distances). The lowest
+compute layer: never ``models``, ``checkpoint``, ``stages``, ``profiles``, or ``display``.
 """
 from dataclasses import dataclass
 from typing import Any
 
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
-from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
 from omnilab.kernels.gemv import MODES, GemvChoice, gemv_choice, gemv_rows, linear, use_gemv
 
-__all__ = ["GemvChoice", "KernelBuildError", "KernelRow", "MODES", "build_library", "code2wav_dtype_choice",
-           "gemv_choice", "gemv_rows", "kernel_choices", "linear", "select_isa", "use_gemv"]
+__all__ = ["GemvChoice", "KernelBuildError", "KernelRow", "MODES", "build_library", "gemv_choice", "gemv_rows",
+           "kernel_choices", "linear", "select_isa", "use_gemv"]
 
 
 @dataclass(frozen=True)
@@ -57,13 +46,13 @@ def kernel_choices(compute: Any) -> tuple[KernelRow, ...]:
     kernel built) now: the one list ``pipe.deployment`` and ``python -m omnilab.kernels`` show, so they agree. A bad
     ``OMNILAB_CPU_*`` (or other kernel) variable raises here, before any model loads or worker starts."""
     from omnilab.kernels.attention import attention_choice
-    from omnilab.kernels.code2wav_conv import conv_choice
-    from omnilab.kernels.hugepages import hugepages_choice
     from omnilab.kernels.norm import norm_choice
     from omnilab.kernels.snake import snake_choice
     from omnilab.kernels.stack import stack_choice
-    from omnilab.kernels.storage import weight_storage_choice
-    from omnilab.kernels.timing import linear_paths
+    from omnilab.tuning.code2wav_conv import conv_choice
+    from omnilab.tuning.hugepages import hugepages_choice
+    from omnilab.tuning.storage import weight_storage_choice
+    from omnilab.tuning.timing import linear_paths
 
     return (KernelRow("gemv", "decode linears", gemv_choice()),
             KernelRow("weights", "decode weights", weight_storage_choice(compute)),

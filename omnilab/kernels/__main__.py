@@ -1,7 +1,7 @@
 """``python -m omnilab.kernels``: resolve (and build) every kernel and say which is used and why: the rows of
 :func:`omnilab.kernels.kernel_choices` for an fp32 talker (the list ``pipe.deployment`` shows), then which
 quantized-GEMV kernel ``quantization=`` would use, the dtype code2wav's conv decoder computes in
-(``models.code2wav_timing``) and the talker dtype ``dtype="auto"`` gets from the timing of this machine."""
+(``tuning.code2wav_timing``) and the talker dtype ``dtype="auto"`` gets from the timing of this machine."""
 import torch
 
 from omnilab.kernels import kernel_choices
@@ -23,7 +23,7 @@ if __name__ == "__main__":
     from omnilab.kernels.quant import quantization_choice
     say("quantized decode linears (quantization=int8/int4)", qgemv_choice())
     say("quantization of this environment", quantization_choice())
-    from omnilab.models.code2wav_timing import timed_code2wav_dtype
+    from omnilab.tuning.code2wav_timing import timed_code2wav_dtype
     say("code2wav dtype for dtype='auto'", timed_code2wav_dtype())  # what a pipeline gets: its timing where it decides
     from omnilab.checkpoint.load import resolve_dtype
     dt, why = resolve_dtype(None)

@@ -40,7 +40,7 @@ PAGED_ARGTYPES = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P] + 
     [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
-def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
+def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/_kernel_common.py)
     from omnilab.kernels.trust import symbol
 
     lib = KernelLib(path, "omnilab_decode_attn", "omnilab_attn_isa", ARGTYPES)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from omnilab.hardware import select_isa  # noqa: F401  (the ISA rule, plain: `omnilab plan` says it without torch)
 from omnilab.kernels.trust import KernelBuildError, check_dir, record_digest, untrusted_reason
+from omnilab.paths import cache_dir, file_lock, private_dir
 
 SOURCE_DIR = Path(__file__).resolve().parent
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mfma"), "avx2": ("-mavx2", "-mfma")}
@@ -53,8 +54,6 @@ def _compiler_version(cxx: str) -> str:
 
 def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Path:
     """Where the library for this source, ISA and compiler lives (whether built or not)."""
-    from omnilab.paths import cache_dir
-
     if isa not in ISA_FLAGS:
         raise ValueError(f"unknown ISA {isa!r}; accepted: {', '.join(ISA_FLAGS)}")
     src = (SOURCE_DIR / f"{name}.cpp").read_bytes()
@@ -69,8 +68,6 @@ def library_path(name: str, isa: str, cxx: str, cache: Path | None = None) -> Pa
 def build_library(name: str, isa: str, *, cxx: str | None = None, cache: Path | None = None) -> Path:
     """Return the path of the compiled ``name`` kernels for ``isa``, compiling them if not cached (or if the cached
     file fails the checks of :func:`omnilab.kernels.trust.untrusted_reason`: then a fresh private file replaces it)."""
-    from omnilab.paths import file_lock, private_dir
-
     cxx = cxx or find_compiler()
     if cxx is None:
         wanted = os.environ.get("CXX") or "g++ or c++"

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from omnilab import settings
 from omnilab.errors import ConfigError
+from omnilab.hardware import cpu_flags
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 
 KERNEL_MODES = ("auto", "omnilab", "omnilab-avx512", "omnilab-avx2", "torch")
@@ -54,7 +55,6 @@ def resolve_kernel(var: str, what: str, name: str, loader: Callable[[Path], Any]
     if raw == "torch":
         return None, f"{var}=torch", source
     if flags is None:
-        from omnilab.hardware import cpu_flags
         flags = cpu_flags()
     isa, isa_reason = kernel_isa(var, raw, flags)
     if isa is None:

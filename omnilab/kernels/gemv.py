@@ -16,11 +16,11 @@ Choice, resolved once per process (:func:`gemv_choice`), with a reason; ``OMNILA
 
 :func:`linear` is the drop-in for ``F.linear`` used by the decoder stacks; it takes the kernel only for
 fp32 CPU inputs with 4..8 rows outside autograd and outside torch.compile tracing, and for fp32 inputs over
-bf16-stored weights (:mod:`omnilab.kernels.storage`) with 1..16 rows: there the kernel expands the bf16
+bf16-stored weights (:mod:`omnilab.tuning.storage`) with 1..16 rows: there the kernel expands the bf16
 exactly in registers and reads half the bytes (1 row over the predictor's matrices: 5.9 vs 10.1 ms per
 pass for MKL on fp32 copies). A row's result is bitwise the fp32 kernel's on the exact fp32 copy.
 
-Two paths follow the timing of this machine (:mod:`omnilab.kernels.timing`, installed by ``install_paths`` when a
+Two paths follow the timing of this machine (:mod:`omnilab.tuning.timing`, installed by ``install_paths`` when a
 talker loads; the ISA rule before): bf16 compute's 1-16-row linears over bf16 weights take the kernel on the rows
 widened exactly to fp32 and round the result once (``bf16_decode="kernel"``), and fp32 prefills over bf16-stored
 matrices take a bf16 GEMM (``prefill="bf16"``) instead of widening the matrix
@@ -145,7 +145,7 @@ def launch(lib: _Lib, xp: int, w: torch.Tensor, bp: int | None, yp: int, rows: i
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` with the kernel for fp32 CPU inputs of 4..8 rows (see the module docstring), and for
-    fp32 inputs over bf16-stored weights (:mod:`omnilab.kernels.storage`) of 1..16 rows. A
+    fp32 inputs over bf16-stored weights (:mod:`omnilab.tuning.storage`) of 1..16 rows. A
     :class:`~omnilab.kernels.quant.QuantizedWeight` (quantized at load) goes to :func:`~omnilab.kernels.qgemv.
     qlinear` with its ``activations`` (None: :data:`~omnilab.kernels.quant.AUTO_ACTIVATIONS` of its method)."""
     if isinstance(weight, QuantizedWeight):  # ctypes kernel: under torch.compile (OMNILAB_CPU_INDUCTOR) a graph break
@@ -229,8 +229,8 @@ _INSTALLED: list = []
 
 
 def install_paths(paths) -> None:
-    """Make ``paths`` (an ``omnilab.kernels.timing.LinearPaths``; None: the prior) what :func:`linear` follows for
-    bf16 decode rows and fp32 prefills. ``omnilab.kernels.timing.linear_paths`` does it when it resolves (at load)."""
+    """Make ``paths`` (an ``omnilab.tuning.timing.LinearPaths``; None: the prior) what :func:`linear` follows for
+    bf16 decode rows and fp32 prefills. ``omnilab.tuning.timing.linear_paths`` does it when it resolves (at load)."""
     _INSTALLED[:] = [] if paths is None else [paths]
 
 

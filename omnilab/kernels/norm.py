@@ -29,7 +29,7 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 ARGTYPES = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
 
 
-def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
+def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/_kernel_common.py)
     return KernelLib(path, "omnilab_rmsnorm", "omnilab_norm_isa", ARGTYPES)
 
 

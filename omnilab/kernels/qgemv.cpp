@@ -52,7 +52,7 @@
 // int8 activations, 2-16 rows with int8 activations, fp32 activations. The best distance is the CPU's: on Zen 4
 // (1 thread, decode matrices from DRAM) 2048 gave +10-25 % for 2+ rows and the fp32 mode and -5-15 % for one
 // int8-activation row (the hardware prefetcher alone did better); on a Xeon (Emerald Rapids, 2 threads) 4096 gave
-// +30 % for that one row. These are the priors; omnilab/kernels/prefetch.py times the candidates on the machine and
+// +30 % for that one row. These are the priors; omnilab/tuning/prefetch.py times the candidates on the machine and
 // sets them (omnilab_qgemv_set_prefetch). A prefetch never changes a result.
 static int64_t g_prefetch[3] = {0, 2048, 2048};
 

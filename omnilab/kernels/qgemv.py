@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from omnilab import settings
+from omnilab.hardware import avx512_without_vnni, cpu_flags
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
 from omnilab.kernels.quant import ROWS, QuantizedWeight, int_act_reference
 from omnilab.kernels.trust import open_library, symbol
@@ -72,7 +73,7 @@ class QgemvChoice:
     reason: str
     source: str               # "auto" | "env" | "argument" (use_qgemv)
     max_rows: int = MAX_ROWS
-    prefetch: tuple[int, int, int] | None = None  # bytes per kind of call (kernels/prefetch.py), None: torch
+    prefetch: tuple[int, int, int] | None = None  # bytes per kind of call (tuning/prefetch.py), None: torch
 
     @property
     def label(self) -> str:
@@ -102,14 +103,12 @@ class _Lib:
 
 
 def _no_vnni(flags: frozenset[str]) -> bool:
-    from omnilab.hardware import avx512_without_vnni
     return avx512_without_vnni(flags)
 
 
 def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tuple[QgemvChoice, _Lib | None]:
     """Decide (and build) without installing the result; :func:`qgemv_choice` caches it per process."""
     if flags is None:
-        from omnilab.hardware import cpu_flags
         flags = cpu_flags()
     flags = frozenset(flags)
     note = ""
@@ -123,7 +122,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                                          "(fp32 activations) or its int8-activation reference", env, flags)
     if lib is None:
         return QgemvChoice("torch", None, None, reason + note, source), None
-    from omnilab.kernels.prefetch import SLOTS, resolve as resolve_prefetch
+    from omnilab.tuning.prefetch import SLOTS, resolve as resolve_prefetch
 
     pf = resolve_prefetch(lib)
     dots = "vpdpbusd / vpdpwssd" if lib.isa == "avx512" else "vpmaddubsw / vpmaddwd"

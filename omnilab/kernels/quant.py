@@ -45,9 +45,11 @@ from typing import Any
 
 import torch
 
+from omnilab import settings
 from omnilab.config import DEFAULT_INT4_GROUP_SIZE as DEFAULT_GROUP_SIZE  # the names and sizes every layer shares
 from omnilab.config import INT4_GROUP_SIZES, QUANT_RECIPES, has_int4, int4_groups_fitting, parse_quantization, part_format
 from omnilab.config import QUANT_METHODS as METHODS
+from omnilab.errors import ConfigError
 
 ROWS = 16            # output rows per interleaved block (AVX-512 lanes)
 SCALE_DTYPES = (torch.float32, torch.float16)
@@ -327,7 +329,7 @@ ACTIVATION_MODES = ("auto", "int8", "int16", "fp32")
 
 @dataclass(frozen=True)
 class Quantization:
-    """Whether and how the talker's decode matrices (:func:`omnilab.kernels.storage.talker_streamed_name`) are
+    """Whether and how the talker's decode matrices (:func:`omnilab.tuning.storage.talker_streamed_name`) are
     quantized at load (from the file's values; fp32 compute through :func:`omnilab.kernels.qgemv.qlinear`)."""
 
     method: str                 # recipe: "none" | "int8" | "int4" | "int4-all" (config.QUANT_RECIPES: format per part)
@@ -409,8 +411,6 @@ def quantization_choice(method: Any = None, group_size: Any = None, env: str | N
     (``env``; same values) wins over the argument, like the other ``OMNILAB_*`` overrides. ``ks``: the K (input
     width) of every matrix to quantize: int4's group must divide each; the default is the largest accepted
     size up to 128 that does (tiny geometries), a given one that does not is an error."""
-    from omnilab import settings
-    from omnilab.errors import ConfigError
     given = ((settings.raw(QUANT_ENV) or "") if env is None else env).strip()
     if given:  # a spelling may name the int4 group ("int4-g64"); the variable's group wins like its method
         (m, spelled), source = parse_quantization(given, QUANT_ENV), "env"

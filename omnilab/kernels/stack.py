@@ -59,7 +59,7 @@ PAGED_ARGTYPES = [_ptr, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _p
                   _f32, _ptr, ctypes.c_int, ctypes.c_int]
 
 
-def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/kernels/_kernel_common.py)
+def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/_kernel_common.py)
     lib = KernelLib(path, "omnilab_swiglu", "omnilab_stack_isa", [_ptr, _ptr, _i64, _i64])
     lib.swiglu_bf16 = symbol(lib.lib, "omnilab_swiglu_bf16", path)
     lib.swiglu_bf16.argtypes = [_ptr, _ptr, _i64, _i64]

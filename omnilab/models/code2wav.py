@@ -219,11 +219,11 @@ class Code2Wav(nn.Module):
         return self
 
     def set_conv(self, choice=None) -> "Code2Wav":
-        """How the fp32 convs run: ``choice`` an ``omnilab.kernels.code2wav_conv.Code2WavConv``, a mode name
+        """How the fp32 convs run: ``choice`` an ``omnilab.tuning.code2wav_conv.Code2WavConv``, a mode name
         (``"auto"``, ``"taps"``, ``"direct"``) or None (``OMNILAB_CODE2WAV_CONV``'s): oneDNN's direct conv from
         ``choice.min_samples`` input samples, per-tap GEMMs below (the GEMV kernel for at most 8 outputs;
         docs/kernels.md#code2wav-convolutions). ``conv_path`` says which is set."""
-        from omnilab.kernels.code2wav_conv import Code2WavConv, conv_choice
+        from omnilab.tuning.code2wav_conv import Code2WavConv, conv_choice
 
         if choice is None or isinstance(choice, str):
             choice = conv_choice(env=choice)  # a mode name: as OMNILAB_CODE2WAV_CONV (ConfigError naming the modes)

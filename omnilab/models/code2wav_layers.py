@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnilab.kernels.code2wav_conv import NEVER
 from omnilab.kernels.snake import snake_beta
 from omnilab.models.conv_paths import conv1d_fused, conv1d_taps, linear_rows
 from omnilab.models.layers import RMSNorm, SwiGLU, apply_rope
+from omnilab.tuning.code2wav_conv import NEVER
 
 
 def _tensor_key(*tensors: torch.Tensor) -> tuple | None:
@@ -68,7 +68,7 @@ class StatefulModule(nn.Module):
 
 def set_direct_min_samples(root: nn.Module, min_samples: int) -> None:
     """Every fp32 conv under ``root`` runs as oneDNN's direct convolution from ``min_samples`` input samples
-    (``Code2Wav.set_conv``; kernels/code2wav_conv.py)."""
+    (``Code2Wav.set_conv``; tuning/code2wav_conv.py)."""
     for m in root.modules():
         if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
             m.direct_min_samples = min_samples
@@ -110,7 +110,7 @@ class CausalConv1d(StatefulModule):
             return self.conv(x)
         if self.conv.weight.dtype != x.dtype:  # bf16 weights, fp32 activations: one bf16 GEMM
             return conv1d_fused(x, self.fused(), self.conv.bias, self.conv.kernel_size[0], self.dilation)
-        if x.shape[-1] >= self.direct_min_samples:  # long input: oneDNN (kernels/code2wav_conv.py)
+        if x.shape[-1] >= self.direct_min_samples:  # long input: oneDNN (tuning/code2wav_conv.py)
             return F.conv1d(x, self.conv.weight, self.conv.bias, dilation=self.dilation)
         return conv1d_taps(x, self.taps(), self.conv.bias, self.dilation)
 

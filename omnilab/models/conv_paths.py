@@ -27,7 +27,7 @@ def conv1d_taps(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
 
     Uses BLAS directly on strided views (no im2col copy, no per-call weight reorder as oneDNN does), which is
     faster than ``F.conv1d`` for the short inputs of streaming chunks (the modules switch to ``F.conv1d`` for long
-    ones: kernels/code2wav_conv.py). Up to ``gemv.MAX_ROWS`` (8) outputs, omnilab's GEMV kernel runs the taps
+    ones: tuning/code2wav_conv.py). Up to ``gemv.MAX_ROWS`` (8) outputs, omnilab's GEMV kernel runs the taps
     (``OMNILAB_CPU_GEMV``; torch there: the GEMMs). Batch rows are laid side by side so the weights are read once
     per call for the whole batch.
     """

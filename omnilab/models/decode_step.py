@@ -27,10 +27,11 @@ from typing import Any, Sequence
 import torch
 
 from omnilab import settings
-from omnilab.kernels import attention as attn_k
-from omnilab.kernels import fuse, gemv, norm as norm_k, qgemv, stack as stack_k
 from omnilab.errors import ConfigError
+from omnilab.kernels import attention as attn_k
+from omnilab.kernels import gemv, norm as norm_k, qgemv, stack as stack_k
 from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight
+from omnilab.tuning import fuse
 
 ENV = "OMNILAB_DECODE_STEP"
 MODES = ("auto", "layer", "off")

@@ -21,10 +21,10 @@ from torch import nn
 from omnilab.config import DecoderLMConfig
 from omnilab.kernels import linear
 from omnilab.kernels.attention import decode_attention
-from omnilab.kernels.fuse import FusedProjection
 from omnilab.kernels.norm import rms_norm  # the kernel (one call per norm) or the reference's ops
 from omnilab.models.decode_step import DecodeStep, StackStep
 from omnilab.models.layers import Linear, RMSNorm, SwiGLU
+from omnilab.tuning.fuse import FusedProjection
 
 
 class KVCache:
@@ -156,7 +156,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
-        self._qkv = FusedProjection()  # q/k/v in one kernel call at decode (omnilab.kernels.fuse)
+        self._qkv = FusedProjection()  # q/k/v in one kernel call at decode (omnilab.tuning.fuse)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` [..., H] -> q [..., Hq*D], k, v [..., Hkv*D]: one fused kernel call where the decode kernels

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from omnilab.kernels import linear
-from omnilab.kernels.fuse import FusedProjection
 from omnilab.kernels.norm import rms_norm
 from omnilab.kernels.stack import swiglu, swiglu_pair
+from omnilab.tuning.fuse import FusedProjection
 
 
 class Linear(nn.Linear):
@@ -41,7 +41,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = Linear(hidden, inter, bias=bias)
         self.up_proj = Linear(hidden, inter, bias=bias)
         self.down_proj = Linear(inter, hidden, bias=bias)
-        self._gate_up = FusedProjection()  # gate/up in one kernel call at decode (omnilab.kernels.fuse)
+        self._gate_up = FusedProjection()  # gate/up in one kernel call at decode (omnilab.tuning.fuse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Functional calls (no nn.Module __call__): the per-op overhead matters at batch 1. The activation is

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from omnilab import settings
-from omnilab.config import DEFAULT_INT4_GROUP_SIZE, QUANT_RECIPES, parse_quantization
+from omnilab.config import DEFAULT_INT4_GROUP_SIZE, QUANT_RECIPES, parse_quantization, stored_quantization
 from omnilab.errors import ConfigError
 
 BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
@@ -111,7 +111,6 @@ class ModelGeometry:
         if decoder is not None:
             scale = (decoder.decoder_dim / 1536) ** 2
             extra = dict(decoder_gflop_per_frame=4.96 * scale, decoder_params=int(114_323_137 * scale))
-        from omnilab.config import stored_quantization
         extra["stored_quantization"] = stored_quantization(cfg.quantization_config)
         if not name:  # the config's size field names the family; a reduced test geometry says so (and its shape)
             rel = cls.released(cfg.tts_model_size)
@@ -220,8 +219,8 @@ def bandwidth_from_times(times) -> Bandwidth | None:
 
 def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None, times=None) -> str:
     """What code2wav will compute in under the profile's dtype (``asked``: the dtype field when set, else ""), by
-    the rule ``kernels.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
-    ``times``: this machine's code2wav timing, ``kernels.code2wav_timing``; None: the ISA prior)."""
+    the rule ``tuning.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
+    ``times``: this machine's code2wav timing, ``tuning.code2wav_timing``; None: the ISA prior)."""
     from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
     raw = (settings.raw(CODE2WAV_ENV, env) or "auto").strip().lower()
     if raw not in ("auto", "float32", "bfloat16"):

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping
 
 from omnilab import settings
+from omnilab.config import parse_quantization, quantization_spelling
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, parse_cpulist
 from omnilab.profiles.resolved import Resolved
@@ -165,7 +166,6 @@ def _preload(v: Any, where: str) -> tuple[str, ...]:
 
 
 def _quantization(v: Any, where: str) -> str:
-    from omnilab.config import parse_quantization, quantization_spelling
     return quantization_spelling(*parse_quantization(v, where))
 
 

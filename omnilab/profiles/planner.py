@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from omnilab.config import Qwen3TTSConfig, SpeechTokenizerConfig
 from omnilab.errors import ConfigError
 from omnilab.hardware import GiB, HardwareInfo, format_cpulist, probe_hardware
 from omnilab.profiles.cost import (CODE2WAV_MAX_THREADS, FRAME_MS, SHARED_PENALTY, CostModel, ModelGeometry, StageTimes,
@@ -69,7 +70,6 @@ def as_geometry(model_config: Any, speech_config: Any = None, where: Any = None)
     """``Qwen3TTSConfig`` (already parsed; with its ``SpeechTokenizerConfig`` for the decoder geometry and
     ``where`` it was read from, for the name) | ``ModelGeometry`` | checkpoint dir or config.json path (parsed
     here) | None (released 0.6B)."""
-    from omnilab.config import Qwen3TTSConfig, SpeechTokenizerConfig
     if model_config is None:
         return ModelGeometry.released("0b6")
     if isinstance(model_config, ModelGeometry):
@@ -103,7 +103,7 @@ def plan(hardware: HardwareInfo | None = None, model_config: Any = None, *, max_
             variables (``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND``,
             ``VLLM_CPU_NUM_OF_RESERVED_CPU``) over arguments (see ``omnilab.profiles.overrides``).
         path_times: a :class:`~omnilab.profiles.timing.PathTimes` measured on this machine
-            (``omnilab.kernels.timing.path_times``): an automatic dtype follows it; None: the ISA rule.
+            (``omnilab.tuning.timing.path_times``): an automatic dtype follows it; None: the ISA rule.
     """
     hw = hardware or probe_hardware()
     geo = as_geometry(model_config)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omnilab.errors import ConfigError
+from omnilab.hardware import probe_hardware
 from omnilab.profiles.deploy_yaml import is_complete, doc_notes, load_yaml_doc, values_from_doc
 from omnilab.profiles.overrides import Overrides
 from omnilab.profiles.profile import DeployProfile
@@ -36,7 +37,6 @@ def resolve_profile(spec: Any = "auto", *, hardware=None, model_config=None, env
     ``DeployProfile``. A complete file with no ``OMNILAB_*`` variable set loads as written; otherwise its
     values become planner defaults. The result is checked against ``hardware`` (probed if None).
     """
-    from omnilab.hardware import probe_hardware
     from omnilab.profiles.planner import plan
     hw = hardware or probe_hardware()
     env = os.environ if env is None else env

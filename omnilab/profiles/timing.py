@@ -1,6 +1,6 @@
 """The compute dtype and the linear paths chosen from a short timing of the candidates on this machine.
 
-Plain Python (no torch): :class:`PathTimes` holds what :func:`omnilab.kernels.timing.path_times` measured (ms over
+Plain Python (no torch): :class:`PathTimes` holds what :func:`omnilab.tuning.timing.path_times` measured (ms over
 the same decode matrices for each candidate; docs/kernels.md#measured-dtype-and-linear-paths), and the rules below
 turn it into choices with the figures in their reasons. Both the planner (``dtype`` field) and
 :func:`omnilab.checkpoint.load.resolve_dtype` (no profile) use :func:`dtype_from_times`, so the two agree.
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from omnilab.hardware import native_bf16
 
 MARGIN = 0.97        # a candidate must be this much faster (3 %) to replace the more exact fp32 / torch default
 TIMING_ENV = "OMNILAB_PLAN_TIMING"
@@ -131,13 +133,11 @@ def code2wav_dtype_rule(raw: str, flags: frozenset[str], arch: str, asked: Any =
                         times: Mapping[str, Any] | None = None) -> tuple[str, bool, str]:
     """``(dtype, native bf16, reason)`` for code2wav's conv decoder: ``raw`` is ``OMNILAB_CODE2WAV_DTYPE``'s mode
     (auto / float32 / bfloat16, already checked), ``asked`` the pipeline's requested dtype (a name or torch dtype;
-    "" = not asked), ``times`` this machine's timing (``kernels.code2wav_timing.code2wav_times``; None: none).
+    "" = not asked), ``times`` this machine's timing (``tuning.code2wav_timing.code2wav_times``; None: none).
     auto, native bf16, float32 not asked: bf16 where the timing has it at most :data:`C2W_MARGIN` of fp32's time,
     else fp32; without a timing the ISA prior: bf16 with AMX (measured faster), fp32 with avx512_bf16 alone. The one
-    copy of the rule: ``kernels.code2wav_dtype`` (what runs) and the planner's cost model (what it estimates, from
+    copy of the rule: ``tuning.code2wav_dtype`` (what runs) and the planner's cost model (what it estimates, from
     the prior) both call it."""
-    from omnilab.hardware import native_bf16
-
     native, isa = native_bf16(flags, arch)
     if raw == "float32":
         return "float32", native, f"{CODE2WAV_ENV}=float32: fp32 everywhere (reference numerics)"

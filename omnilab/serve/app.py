@@ -13,6 +13,7 @@ import anyio
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from omnilab.errors import InputError
 from omnilab.serve.config import ServeConfig
 from omnilab.serve.engine import Engine
 from omnilab.serve.metrics import CONTENT_TYPE_LATEST
@@ -208,7 +209,6 @@ def _model_names(config: ServeConfig, engine: Engine) -> tuple[str, ...]:
 
 def _clip_24k(wav, sr: int):
     """The pipeline's own reference-audio reader: mono mix, finite check, resampling to 24 kHz."""
-    from omnilab.errors import InputError
     from omnilab.audio import load_audio
 
     try:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omnilab.errors import InputError
+from omnilab.paths import cache_dir
 
 DEFAULT_PORT = 8091  # vLLM-Omni's speech server port
 
@@ -51,7 +52,6 @@ class ServeConfig:
         """The directory of uploaded voices (created 0700 on first use)."""
         if self.voices_dir is not None:
             return Path(self.voices_dir)
-        from omnilab.paths import cache_dir
 
         return Path(cache_dir()) / "voices"
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from omnilab.paths import private_dir
 from omnilab.serve.speech import ApiError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -48,8 +49,6 @@ class VoiceStore:
     """Voices under ``root`` (created 0700); thread-safe. ``get(name)`` -> ``VoiceClip`` or None."""
 
     def __init__(self, root: str | os.PathLike, reserved: tuple[str, ...] = ()):
-        from omnilab.paths import private_dir
-
         self.root = private_dir(root)
         self.reserved = {r.lower() for r in reserved}
         self._lock = threading.Lock()

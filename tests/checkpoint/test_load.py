@@ -48,7 +48,7 @@ def test_loads_custom_voice_in_the_requested_dtype(ckpts, dtype):
     m = load_model(ckpts["custom_voice"], dtype=dtype)
     want = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     assert m.dtype == want and m.dtype_reason.startswith("requested")
-    from omnilab.kernels.storage import talker_streamed_name, weight_storage_choice
+    from omnilab.tuning.storage import talker_streamed_name, weight_storage_choice
 
     storage = m.talker.weight_storage  # fp32 compute may keep the streamed matrices in the file's bf16
     assert storage == weight_storage_choice(want) and (storage.bf16 is False or want == torch.float32)
@@ -113,7 +113,7 @@ def test_client_and_worker_loads_are_identical(ckpts, monkeypatch, dtype, storag
     """One strict loader: the client (``load_model``, memory-mapped) and the stage workers (``worker_weights``,
     plain reads) get the same names, dtypes (bf16 storage, bf16 tables), values and 64-byte aligned data."""
     from omnilab.checkpoint.worker_weights import load_code2wav_weights, load_talker_weights
-    from omnilab.kernels import hugepages as hp, storage as st
+    from omnilab.tuning import hugepages as hp, storage as st
 
     monkeypatch.setenv(st.ENV, storage)
     monkeypatch.setenv(hp.ENV, hugepages)
@@ -143,10 +143,10 @@ def test_dtype_spellings_and_precedence(monkeypatch):
                            ("bf16", torch.bfloat16), ("BFloat16", torch.bfloat16), (torch.bfloat16, torch.bfloat16),
                            ("torch.float32", torch.float32)]:
         assert resolve_dtype(spelling)[0] == want
-    monkeypatch.setattr("omnilab.hardware.cpu_has_native_bf16", lambda: (False, "x86 without avx512_bf16"))
+    monkeypatch.setattr("omnilab.tuning.timing.cpu_has_native_bf16", lambda: (False, "x86 without avx512_bf16"))
     d, why = resolve_dtype()  # the suite runs the ISA rule (OMNILAB_PLAN_TIMING=off, tests/conftest.py)
     assert d == torch.float32 and why.startswith("auto: x86 without avx512_bf16")
-    monkeypatch.setattr("omnilab.hardware.cpu_has_native_bf16", lambda: (True, "x86 with amx_bf16"))
+    monkeypatch.setattr("omnilab.tuning.timing.cpu_has_native_bf16", lambda: (True, "x86 with amx_bf16"))
     assert resolve_dtype()[0] == torch.bfloat16 and resolve_dtype("auto")[0] == torch.bfloat16
     monkeypatch.setenv("OMNILAB_DTYPE", "fp32")
     assert resolve_dtype() == (torch.float32, "OMNILAB_DTYPE=fp32")

@@ -81,8 +81,8 @@ def test_a_row_does_not_depend_on_its_batch_mates(lib):
 def test_the_mlp_uses_it_on_both_of_its_paths(lib, monkeypatch):
     """SwiGLU.forward: the fused gate/up output and the separate matrices give the same activation (the decode
     step and the general path stay bitwise equal to each other)."""
-    from omnilab.kernels import fuse
     from omnilab.models.layers import SwiGLU
+    from omnilab.tuning import fuse
 
     torch.manual_seed(0)
     mlp = SwiGLU(64, 96)

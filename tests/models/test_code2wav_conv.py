@@ -1,4 +1,4 @@
-"""code2wav's fp32 conv paths (omnilab/kernels/code2wav_conv.py, omnilab/models/conv_paths.py): oneDNN's direct
+"""code2wav's fp32 conv paths (omnilab/tuning/code2wav_conv.py, omnilab/models/conv_paths.py): oneDNN's direct
 convolution for long inputs, per-tap GEMMs, and the GEMV kernel for at most 8 outputs agree to fp32 rounding, layer
 by layer and through the whole decoder, streamed or offline.
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnilab.kernels.code2wav_conv import NEVER, conv_choice
 from omnilab.models.code2wav_layers import CausalConv1d, CausalConvTranspose1d
+from omnilab.tuning.code2wav_conv import NEVER, conv_choice
 from tests.models.test_code2wav import REORDER_ATOL, SPF, rand_codes, tiny_model
 
 

@@ -130,8 +130,8 @@ def test_compiled_mlps_over_bf16_stored_matrices_give_the_same_codes():
     """``compile_mlps`` (OMNILAB_CPU_INDUCTOR) on a predictor whose matrices are stored in bf16: the compiled
     MLPs call the same bf16-weight linear (one opaque op), so logits and codes are bitwise unchanged."""
     from omnilab.kernels import gemv_choice
-    from omnilab.kernels.storage import talker_streamed_name
     from omnilab.stages.vllm.runner import compile_mlps
+    from omnilab.tuning.storage import talker_streamed_name
 
     if gemv_choice().mode != "omnilab":
         pytest.skip("no GEMV kernel here")

@@ -1,6 +1,6 @@
 """The dtype and linear paths chosen from a timing (omnilab.profiles.timing), with injected figures, on the planner's
 hardware fixtures: the rules must pick the measured-faster path and say the figures, and fall back to the ISA rule
-without a timing. (A real timing is taken in tests/kernels/test_linear_timing.py; its figures are never asserted.)"""
+without a timing. (A real timing is taken in tests/tuning/test_linear_timing.py; its figures are never asserted.)"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -80,6 +80,6 @@ def test_a_complete_preset_is_not_replanned_by_a_timing():
 @pytest.mark.parametrize("bad", ["sometimes", "1"])
 def test_bad_timing_mode_is_an_error(bad):
     from omnilab.errors import ConfigError
-    from omnilab.kernels.timing import timing_mode
+    from omnilab.tuning.timing import timing_mode
     with pytest.raises(ConfigError, match="OMNILAB_PLAN_TIMING.*accepted: auto, on, off, refresh"):
         timing_mode(bad)

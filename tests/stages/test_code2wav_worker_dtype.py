@@ -11,9 +11,9 @@ import torch
 
 from omnilab.checkpoint.load import load_model
 from omnilab.errors import InputError
-from omnilab.kernels.code2wav_dtype import ENV, code2wav_dtype_choice
 from omnilab.stages.code2wav.stage import Code2WavStage
 from omnilab.stages.code2wav.worker import Code2WavWorker
+from omnilab.tuning.code2wav_dtype import ENV, code2wav_dtype_choice
 
 CPU = (sorted(os.sched_getaffinity(0))[-1],)
 
@@ -71,7 +71,7 @@ def test_worker_gets_the_choice_and_matches_in_process(ckpt, local_bf16, monkeyp
 def test_worker_runs_the_conv_path_of_the_environment(ckpt, monkeypatch):
     """OMNILAB_CODE2WAV_CONV reaches the worker's decoder (it inherits the client's environment) and info() says so;
     the in-process stage reports its own."""
-    from omnilab.kernels.code2wav_conv import ENV as CONV_ENV
+    from omnilab.tuning.code2wav_conv import ENV as CONV_ENV
     monkeypatch.setenv(CONV_ENV, "taps")
     with Code2WavWorker(ckpt, cpus=CPU, threads=1) as w:
         assert w.info()["code2wav_conv"].startswith("per-tap GEMMs")

@@ -15,10 +15,10 @@ from omnilab.checkpoint.load import load_model
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.errors import ConfigError
 from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight, quantization_choice, quantize
-from omnilab.kernels.storage import talker_streamed_name
 from omnilab.requests import UserRequest, build_request
 from omnilab.sampling import SamplingParams
 from omnilab.stages.eager import EagerTalkerStage, run_to_completion
+from omnilab.tuning.storage import talker_streamed_name
 
 TEXT = "Hello world, this is a test."
 KW = dict(speaker="vivian", language="english", do_sample=False, subtalker_do_sample=False, max_new_tokens=6)

@@ -11,7 +11,7 @@ restored after each call): in-process, the deploy profile's ``code2wav_threads``
 ``info()`` reports the pid and the threads the stage's calls run with (``pipe.check_profile()`` reads it).
 
 ``Code2WavStage(decoder, dtype=choice)`` sets the decoder's conv-decoder compute dtype first
-(``Code2Wav.set_compute_dtype``; ``choice``: an ``omnilab.kernels.code2wav_dtype.Code2WavDtype`` or a torch dtype;
+(``Code2Wav.set_compute_dtype``; ``choice``: an ``omnilab.tuning.code2wav_dtype.Code2WavDtype`` or a torch dtype;
 None leaves the decoder as given); ``info()["code2wav_dtype"]`` says which runs, ``info()["code2wav_conv"]`` the fp32
 conv path (``OMNILAB_CODE2WAV_CONV``, read when the decoder is built).
 """

@@ -4,7 +4,7 @@ Contract:
 - ``Code2WavWorker(checkpoint, cpus=..., threads=...)`` spawns one process that pins itself to ``cpus``
   (``sched_setaffinity`` plus ``OMP_NUM_THREADS``/``OMP_PLACES`` set before torch starts) and loads only
   the code2wav decoder from ``speech_tokenizer/model.safetensors``, its conv decoder in ``dtype`` (the client's
-  ``omnilab.kernels.code2wav_dtype.Code2WavDtype``, sent with the spawn arguments; None = resolved here for an fp32
+  ``omnilab.tuning.code2wav_dtype.Code2WavDtype``, sent with the spawn arguments; None = resolved here for an fp32
   pipeline: fp32 unless ``OMNILAB_CODE2WAV_DTYPE`` says otherwise). ``info()["code2wav_dtype"]`` reads it back;
   ``info()["code2wav_conv"]``, the fp32 conv path the worker's decoder took from the environment it inherited.
 - The same API as :class:`~omnilab.stages.code2wav.stage.Code2WavStage` (``decode``, ``open_session`` ->
@@ -133,7 +133,7 @@ class Code2WavWorker:
         threads = int(threads or (len(cpus) if cpus else 1))
         self.cpus, self.threads, self.poll_s = cpus, threads, poll_s
         if dtype is None:
-            from omnilab.kernels.code2wav_dtype import code2wav_dtype_choice
+            from omnilab.tuning.code2wav_dtype import code2wav_dtype_choice
             dtype = code2wav_dtype_choice("float32")  # a stand-alone worker: fp32 unless the variable says
         name = getattr(dtype, "dtype", dtype)  # a Code2WavDtype, or its name
         if name not in ("float32", "bfloat16"):

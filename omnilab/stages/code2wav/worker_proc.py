@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from omnilab.config import SAMPLES_PER_FRAME, SpeechTokenizerConfig
+
 _GATHER_S = 0.002  # batching window when several streams are open
 _MODEL: list = []  # the worker's decoder (for _info)
 
@@ -38,7 +40,6 @@ def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: i
     die_with_parent(parent)  # after the pinning: its watch thread inherits this thread's CPU mask
     import torch
 
-    from omnilab.config import SAMPLES_PER_FRAME, SpeechTokenizerConfig
     from omnilab.models.code2wav_stream import decode_chunks
     from omnilab.checkpoint.worker_weights import load_code2wav_weights, release_memory
 

@@ -134,7 +134,7 @@ def client_load_options(deploy: Any = None) -> dict[str, bool]:
 
 def build_stages(model, deploy: Any = None, code2wav_dtype: Any = None):
     """``(talker_stage, code2wav_stage)`` for the vLLM backend; ``code2wav_dtype``: the client's
-    ``omnilab.kernels.code2wav_dtype.Code2WavDtype`` for code2wav, in this process or its worker (None: fp32)."""
+    ``omnilab.tuning.code2wav_dtype.Code2WavDtype`` for code2wav, in this process or its worker (None: fp32)."""
     from omnilab.stages.vllm.engine import VllmTalkerStage
 
     d = resolve_deploy(deploy)

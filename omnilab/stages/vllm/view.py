@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from omnilab import settings
+from omnilab.errors import ConfigError
+from omnilab.paths import cache_dir, private_dir
 
 ARCH = "OmnilabQwen3TTSTalker"
 _VIEW_VERSION = 1
@@ -63,7 +65,6 @@ def view_dir(checkpoint: str | os.PathLike, tts_config: dict[str, Any] | None = 
     cfg = talker_hf_config(checkpoint, tts_config)
     text = json.dumps(cfg, indent=1, sort_keys=True)
     if root is None:
-        from omnilab.paths import cache_dir
         root = cache_dir() / "vllm-views"
     key = hashlib.sha1(text.encode()).hexdigest()[:16]
     path = Path(root) / f"{checkpoint.name}-{key}"
@@ -72,7 +73,6 @@ def view_dir(checkpoint: str | os.PathLike, tts_config: dict[str, Any] | None = 
         with contextlib.suppress(OSError):
             os.utime(path)  # most recently used: kept by prune_views
         return path
-    from omnilab.paths import private_dir
     private_dir(path)
     tmp = path / f".config.json.{os.getpid()}"
     tmp.write_text(text)
@@ -83,7 +83,6 @@ def view_dir(checkpoint: str | os.PathLike, tts_config: dict[str, Any] | None = 
 
 def views_keep(environ: Any = None) -> int:
     """``OMNILAB_VLLM_VIEWS_KEEP`` (a positive integer), else :data:`DEFAULT_KEEP`."""
-    from omnilab.errors import ConfigError
     raw = (settings.raw(KEEP_ENV, environ) or "").strip()
     if not raw:
         return DEFAULT_KEEP

@@ -1,4 +1,4 @@
-"""The timing of the linear paths (omnilab.kernels.timing): measured, cached per key, refreshed, off; and the two
+"""The timing of the linear paths (omnilab.tuning.timing): measured, cached per key, refreshed, off; and the two
 paths it chooses in kernels.linear (bf16 decode rows through the kernel, bf16 prefill GEMMs), each equal by
 construction to the computation it names. Timing figures are never asserted (a shared host): only their shape."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnilab.kernels import gemv, timing
+from omnilab.kernels import gemv
 from omnilab.kernels.gemv import _SLOT, _call
+from omnilab.tuning import timing
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

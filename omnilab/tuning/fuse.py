@@ -9,7 +9,7 @@ Numerics: the fused call is taken only where omnilab's kernels compute it (:func
 weights with fp32 rows, bf16 compute on the kernel path, quantized weights; 1-16 rows). Each output of those
 kernels is one row of the matrix dotted with the input in a fixed order that does not depend on the other rows
 of the matrix (``gemv.cpp``, ``qgemv.cpp``), so the fused outputs equal the separate calls bit for bit
-(tests/kernels/test_fuse.py). Anything else (torch's GEMMs: prefills, fp32 matrices at 1-3 rows) keeps the
+(tests/tuning/test_fuse.py). Anything else (torch's GEMMs: prefills, fp32 matrices at 1-3 rows) keeps the
 separate matrices, so its numerics do not change either.
 
 Memory: the fused matrix is built once (first decode call, or :func:`fuse_module`) and the separate weights are

@@ -8,7 +8,7 @@ from omnilab.errors import ConfigError
 import torch
 
 from omnilab.kernels import gemv
-from omnilab.kernels import storage as st
+from omnilab.tuning import storage as st
 
 
 @pytest.fixture

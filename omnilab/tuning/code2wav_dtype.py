@@ -13,7 +13,7 @@ only to the rare bf16 rounding flips of differently blocked fp32 sums (docs/kern
 Choice (:func:`code2wav_dtype_choice`), with a reason; ``OMNILAB_CODE2WAV_DTYPE=auto|float32|bfloat16``:
 
 - ``auto`` (default), on a CPU with native bf16: bf16 where a short timing of the conv decoder blocks on this
-  machine has bf16 at most 0.8 of fp32's time (:mod:`omnilab.models.code2wav_timing`, cached per CPU model,
+  machine has bf16 at most 0.8 of fp32's time (:mod:`omnilab.tuning.code2wav_timing`, cached per CPU model,
   torch and threads; measured x1.55-1.84 on a Xeon with AMX, x2.0 on an AMD EPYC Zen 5 without AMX, x0.55 on the
   Xeon capped to avx512_bf16), else fp32. ``OMNILAB_PLAN_TIMING=off``: the ISA prior, bf16 with AMX
   (:data:`MEASURED`), fp32 with avx512_bf16 alone (:data:`MEASURED_NO_AMX`) and on aarch64 (not measured). Not bf16
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from omnilab import settings
 from omnilab.errors import ConfigError
+from omnilab.hardware import cpu_flags
 
 ENV = "OMNILAB_CODE2WAV_DTYPE"
 MODES = ("auto", "float32", "bfloat16")
@@ -67,14 +68,13 @@ def code2wav_dtype_choice(requested=None, env: str | None = None, flags: frozens
     ``dtype=``: a torch dtype or a name; None = not asked, then ``OMNILAB_DTYPE`` if set). ``env`` replaces the
     value of ``OMNILAB_CODE2WAV_DTYPE``; ``flags`` / ``arch`` replace this CPU's (tests fake hardware with them);
     ``times``: this machine's code2wav timing (None: the ISA prior); a pipeline asks
-    :func:`omnilab.models.code2wav_timing.timed_code2wav_dtype`, which measures it where it matters.
+    :func:`omnilab.tuning.code2wav_timing.timed_code2wav_dtype`, which measures it where it matters.
     Raises ``ConfigError`` naming the variable, its value and the accepted ones for an unknown mode."""
     text = (settings.raw(ENV) or "") if env is None else env
     raw = text.strip().lower() or "auto"
     if raw not in MODES:
         raise ConfigError(f"{ENV}={text!r} is not a code2wav dtype; accepted: {', '.join(MODES)}")
     if flags is None:
-        from omnilab.hardware import cpu_flags
         flags = cpu_flags()
     arch = arch or platform.machine()
     asked = (settings.env_dtype() or "") if requested is None else requested

@@ -1,6 +1,6 @@
 """What a cached timing on this machine is keyed on, how noisy it was, the ``OMNILAB_PLAN_TIMING`` mode, and the cache
-file itself (:func:`cached`): shared by the path timing (:mod:`omnilab.kernels.timing`) and the quantized GEMV's
-prefetch timing (:mod:`omnilab.kernels.prefetch`), which must not import each other (the GEMV modules import the
+file itself (:func:`cached`): shared by the path timing (:mod:`omnilab.tuning.timing`) and the quantized GEMV's
+prefetch timing (:mod:`omnilab.tuning.prefetch`), which must not import each other (the GEMV modules import the
 prefetch)."""
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import torch
 
 from omnilab import settings
 from omnilab.errors import ConfigError
+from omnilab.hardware import cpu_flags
+from omnilab.paths import file_lock
 from omnilab.profiles.timing import NOISY_WAIT, TIMING_ENV, TIMING_MODES
 
 
@@ -26,8 +28,6 @@ def timing_mode(env: str | None = None) -> str:
 
 
 def _key(threads: int, library: str | None = None) -> tuple[str, dict]:
-    from omnilab.hardware import cpu_flags
-
     model = ""
     try:
         model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -57,8 +57,6 @@ def cached(path: Path, refresh: bool, load: Callable[[dict], Any], measure: Call
     measured again), else ``measure()`` -> ``(value, record, wait_share)``, whose ``record`` is written (with
     ``parts``, the wait share and the date) only when the run-queue wait stayed within ``NOISY_WAIT``: a figure taken
     under other load is used by this process only. Under a file lock: concurrent processes measure once."""
-    from omnilab.paths import file_lock
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_suffix(".lock")):
         if path.is_file() and not refresh:

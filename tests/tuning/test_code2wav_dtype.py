@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from omnilab.errors import ConfigError
-from omnilab.kernels.code2wav_dtype import EMULATED, ENV, MEASURED, MEASURED_NO_AMX, code2wav_dtype_choice
+from omnilab.tuning.code2wav_dtype import EMULATED, ENV, MEASURED, MEASURED_NO_AMX, code2wav_dtype_choice
 
 AMX = frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 AVX512_BF16 = frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})
@@ -113,7 +113,7 @@ def test_auto_follows_this_machines_timing_where_bf16_is_native():
 
 def test_the_timing_is_measured_once_and_cached(tmp_path, monkeypatch):
     from omnilab.hardware import cpu_has_native_bf16
-    from omnilab.models import code2wav_timing
+    from omnilab.tuning import code2wav_timing
 
     if not cpu_has_native_bf16()[0]:
         pytest.skip("the code2wav timing runs where bf16 is native (elsewhere bf16 is emulated: the rule says fp32)")

@@ -1,4 +1,4 @@
-"""The quantized GEMV's software-prefetch distances (kernels/prefetch.py, qgemv.cpp's omnilab_qgemv_set_prefetch):
+"""The quantized GEMV's software-prefetch distances (tuning/prefetch.py, qgemv.cpp's omnilab_qgemv_set_prefetch):
 the override's spelling, the rule that turns times into a choice, the timing and its cache, and that a distance
 never changes a result (a prefetch only moves data into cache: the arithmetic is the same instruction sequence,
 so equality is bitwise by construction, on every ISA)."""
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from omnilab.errors import ConfigError
-from omnilab.kernels import prefetch, qgemv, quant
+from omnilab.kernels import qgemv, quant
 from omnilab.kernels.build import build_library
+from omnilab.tuning import prefetch
 
 from _kernel_common import FLAGS, ISAS, skip_without_isa  # noqa: E402
 

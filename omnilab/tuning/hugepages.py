@@ -24,7 +24,7 @@ import torch
 
 from omnilab import settings
 from omnilab.errors import ConfigError
-from omnilab.kernels.storage import talker_streamed_name
+from omnilab.tuning.storage import talker_streamed_name
 
 ENV = "OMNILAB_HUGEPAGES"
 MODES = ("off", "on", "auto")

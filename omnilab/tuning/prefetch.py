@@ -22,6 +22,7 @@ import torch
 
 from omnilab import settings
 from omnilab.errors import ConfigError
+from omnilab.paths import cache_dir
 
 ENV = "OMNILAB_QGEMV_PREFETCH"
 SLOTS = ("one_row_int8_act", "rows_int8_act", "fp32_act")
@@ -82,7 +83,7 @@ def _operands(bits: int, mib: int):
 def measure(fn, set_prefetch, threads: int, mib: int = TIMING_MIB) -> tuple[dict[str, dict[int, float]], float]:
     """ms per sweep for every slot and candidate (rounds interleaved, best of each), and the run-queue wait share.
     ``fn``: the loaded ``omnilab_qgemv``; ``set_prefetch``: ``omnilab_qgemv_set_prefetch``."""
-    from omnilab.kernels.timing_key import _schedstat
+    from omnilab.tuning.timing_key import _schedstat
 
     start = _schedstat()
     out: dict[str, dict[int, float]] = {}
@@ -129,7 +130,7 @@ def choose(times: dict[str, dict[int, float]]) -> tuple[tuple[int, int, int], st
 
 def resolve(lib, threads: int | None = None) -> Prefetch:
     """The distances for this process (env, cache, timing or prior), set in ``lib`` (a loaded qgemv library)."""
-    from omnilab.kernels.timing_key import timing_mode
+    from omnilab.tuning.timing_key import timing_mode
 
     given = settings.raw(ENV) or ""
     fixed = parse(given)
@@ -145,8 +146,7 @@ def resolve(lib, threads: int | None = None) -> Prefetch:
 
 
 def _timed(lib, threads: int, refresh: bool) -> Prefetch:
-    from omnilab.kernels.timing_key import _key, cached
-    from omnilab.paths import cache_dir
+    from omnilab.tuning.timing_key import _key, cached
 
     key, parts = _key(threads, str(lib.path))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from omnilab.errors import ConfigError
-from omnilab.kernels.code2wav_conv import ENV, MIN_SAMPLES, NEVER, conv_choice
+from omnilab.tuning.code2wav_conv import ENV, MIN_SAMPLES, NEVER, conv_choice
 
 
 def test_modes_and_thresholds(monkeypatch):

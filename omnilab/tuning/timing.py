@@ -27,9 +27,11 @@ import torch.nn.functional as F
 
 from omnilab import settings
 from omnilab.errors import ConfigError
-from omnilab.kernels.timing_key import _key, _schedstat, cached, timing_mode
+from omnilab.hardware import cpu_has_native_bf16
+from omnilab.paths import cache_dir
 from omnilab.profiles.timing import (PathTimes, bf16_decode_from_times,
                                      prefill_from_times)
+from omnilab.tuning.timing_key import _key, _schedstat, cached, timing_mode
 
 LAYER_SHAPES = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
 TIMING_MIB = 256      # above a desktop/VM slice of L3: the pass reads DRAM (0.6B talker step: ~880 MiB in bf16)
@@ -67,7 +69,7 @@ def measure(threads: int | None = None, mib: int | None = None, lib=None, call=N
             if lib is not None:
                 cands["fp32-kernel"] = lambda: [call(lib, x32[w.shape[1]], w, None, rows) for w in ws]
                 cands["bf16-kernel"] = lambda: [call(lib, xb[w.shape[1]].float(), w, None, rows).bfloat16() for w in ws]
-            else:  # no kernel: an fp32 talker keeps fp32 copies (kernels.storage), so its decode is MKL over them
+            else:  # no kernel: an fp32 talker keeps fp32 copies (tuning.storage), so its decode is MKL over them
                 wf = [w.float() for w in ws]
                 cands["fp32-kernel"] = lambda: [F.linear(x32[w.shape[1]], w) for w in wf]
             for _ in range(2):  # two alternated rounds: the best of each candidate
@@ -96,7 +98,6 @@ def path_times(threads: int | None = None, env: str | None = None) -> PathTimes 
     if mode == "off":
         return None
     from omnilab.kernels.gemv import _SLOT, _call, gemv_choice  # the kernel the timing runs and keys on
-    from omnilab.paths import cache_dir
 
     threads = threads or torch.get_num_threads()
     key, parts = _key(threads, gemv_choice().library)
@@ -116,7 +117,6 @@ def path_times(threads: int | None = None, env: str | None = None) -> PathTimes 
 
 def auto_dtype() -> tuple[str, str]:
     """``(dtype name, reason)`` for ``dtype="auto"`` without a profile: the planner's rule over this timing."""
-    from omnilab.hardware import cpu_has_native_bf16
     from omnilab.profiles.timing import dtype_from_times
     return dtype_from_times(*cpu_has_native_bf16(), path_times())
 
@@ -142,8 +142,6 @@ def _env_choice(var: str, accepted: tuple[str, ...]) -> str | None:
 
 
 def resolve_paths() -> LinearPaths:
-    from omnilab.hardware import cpu_has_native_bf16
-
     dec_env, pre_env = _env_choice(BF16_DECODE_ENV, ("kernel", "torch")), _env_choice(PREFILL_ENV, ("fp32", "bf16"))
     times = None if dec_env and pre_env else path_times()
     native = cpu_has_native_bf16()[0]

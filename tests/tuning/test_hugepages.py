@@ -8,7 +8,7 @@ import pytest
 from omnilab.errors import ConfigError
 import torch
 
-from omnilab.kernels import hugepages as hp
+from omnilab.tuning import hugepages as hp
 
 
 @pytest.mark.parametrize("thp,enabled", [("always", True), ("madvise", True), ("never", False), (None, False)])
@@ -81,7 +81,7 @@ def test_loaders_place_streamed_matrices_in_huge_pages(tiny_ckpt, monkeypatch, l
             return load_model(path, dtype="float32", load_code2wav=False).talker
         return load_talker_weights(path, cfg, torch.float32)
 
-    from omnilab.kernels import storage as st
+    from omnilab.tuning import storage as st
 
     monkeypatch.setenv(st.ENV, storage)
     monkeypatch.setenv(hp.ENV, "on")

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from omnilab.errors import ConfigError
-from omnilab.kernels import fuse, gemv, linear, qgemv
+from omnilab.kernels import gemv, linear, qgemv
 from omnilab.kernels.quant import QuantizedWeight, quantize
 from omnilab.models.layers import Linear
+from omnilab.tuning import fuse
 
 from _kernel_common import skip_without_isa  # noqa: E402
 
