@@ -52,9 +52,10 @@ def _checkpoint_format() -> str:
 
 @pytest.fixture(scope="session")
 def random_ckpt(request, tmp_path_factory):
-    """``random_ckpt(size="tiny", variant="custom_voice", seed=0) -> Path``: a random checkpoint shared by the whole
-    run and cached on disk under pytest's cache (``.pytest_cache/d/omnilab-ckpt``), keyed by size, variant, seed and
-    the writer's code (``_checkpoint_format``). Tests read it; a test that edits files works on a copy."""
+    """``random_ckpt(size="tiny", variant="custom_voice", seed=0, calibrated=False) -> Path``: a random checkpoint
+    shared by the whole run and cached on disk under pytest's cache (``.pytest_cache/d/omnilab-ckpt``), keyed by size,
+    variant, seed, ``calibrated`` (confident weights, docs/quality.md#confident-random-checkpoints) and the writer's
+    code (``_checkpoint_format``). Tests read it; a test that edits files works on a copy."""
     from omnilab.checkpoint.random import make_random_checkpoint
 
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: this run's tmp dir then
@@ -65,13 +66,14 @@ def random_ckpt(request, tmp_path_factory):
             shutil.rmtree(old, ignore_errors=True)
     made: dict[tuple, Path] = {}
 
-    def get(size: str = "tiny", variant: str = "custom_voice", seed: int = 0) -> Path:
-        key = (size, variant, seed)
+    def get(size: str = "tiny", variant: str = "custom_voice", seed: int = 0, calibrated: bool = False) -> Path:
+        key = (size, variant, seed, bool(calibrated))
         if key not in made:
-            path = root / f"{size}-{variant}-{seed}-{fmt}"
+            path = root / f"{size}-{variant}-{seed}{'-confident' if calibrated else ''}-{fmt}"
             if not path.is_dir():
                 tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=root))
-                make_random_checkpoint(tmp, size=size, variant=variant, seed=seed, overwrite=True)
+                make_random_checkpoint(tmp, size=size, variant=variant, seed=seed, overwrite=True,
+                                       calibrated=bool(calibrated))
                 os.replace(tmp, path)  # whole or absent: a run stopped mid-write leaves only a hidden tmp dir
             made[key] = path
         return made[key]
@@ -83,6 +85,14 @@ def random_ckpt(request, tmp_path_factory):
 def tiny_ckpt(random_ckpt):
     """``tiny_ckpt(variant="custom_voice", seed=0) -> Path`` of a tiny random checkpoint (shared by the run)."""
     return lambda variant="custom_voice", seed=0: random_ckpt("tiny", variant, seed)
+
+
+@pytest.fixture(scope="session")
+def confident_tiny(random_ckpt):
+    """``confident_tiny(variant="custom_voice", seed=0) -> Path``: the tiny checkpoint made confident
+    (``calibrated=True``): greedy decisions with margins fp32 rounding does not flip, for tests that assert equal
+    codes across backends, ranks or batching."""
+    return lambda variant="custom_voice", seed=0: random_ckpt("tiny", variant, seed, calibrated=True)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -40,10 +41,11 @@ from omnilab.paths import cache_dir, file_lock
 
 log = logging.getLogger(__name__)
 
-__all__ = ["make_random_checkpoint", "default_checkpoint", "cached_checkpoint", "calibrate_", "Calibration", "write_safetensors", "CHECKPOINT_SIZES"]
+__all__ = ["make_random_checkpoint", "default_checkpoint", "cached_checkpoint", "calibrate_", "calibration_gains", "Calibration", "write_safetensors", "CHECKPOINT_SIZES"]
 
 DEFAULT_CHECKPOINT = ("tiny", "custom_voice", 0)
 _FACTORY_VERSION = 1  # bump when the written layout or values change (default_checkpoint cache key)
+_CALIBRATION_VERSION = 2  # bump when calibrate_ changes (the cache key of confident checkpoints)
 _COMPONENT_SEED = {"talker": 0, "speaker_encoder": 1, "mimi_encoder": 2, "code2wav": 3, "calibration": 4}
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
               torch.int32: "I32", torch.bool: "BOOL", torch.uint8: "U8"}
@@ -139,12 +141,16 @@ class Calibration:
     code tied to the embedding of the code its step is fed, and the layers' residual writes are damped, so the
     winning logit stands out of the bulk by several nats and quantization noise (which enters through the layers
     and the heads) must be large to flip it. Scaling a head alone would not do: argmax and relative quantization
-    error are both invariant under it."""
+    error are both invariant under it. The gains that depend on the geometry follow :func:`calibration_gains`."""
 
-    layer_gain: float = 1.0       # o_proj / down_proj of every layer (talker and predictor) times this
+    layer_gain: float | None = None  # o_proj / down_proj of every layer times this; None: per stack, by write_ratio
+    write_ratio: float = 2.0      # a stack's damped residual writes, all layers together, at most this times the
+                                  # fed code's embedding the tied rows read (RMS, estimated: calibration_gains)
     c0_embedding_gain: float = 4.0  # talker codec embedding C times this: C(c0) dominates a frame's input sum
     tie_logit: float = 5.0        # tied head rows' norm: tie_logit / sqrt(width) (the winner's logit gain, nats,
                                   # when the final hidden points along the fed embedding)
+    bulk_width: int = 1024        # a wider head's random rows times sqrt(bulk_width / width): their logits' spread
+                                  # (the bulk the tied logit must clear) stays that of a 1024-wide head
     head_gain: float = 4.0        # every decision head times this (after tying): sets the top-1 probability
                                   # without moving any argmax
 
@@ -153,17 +159,58 @@ CALIBRATION = Calibration()
 # The stated margin: every codebook's greedy decisions have at least this mean top-1 probability on a confident
 # checkpoint (plain random weights: about 1 / 2048). Measured per geometry in docs/quality.md#confident-random-checkpoints.
 CONFIDENT_TOP1_PROB = 0.25
+_INIT_STD = 0.02  # models' init_random_: every Linear / Embedding weight ~ Normal(0, 0.02)
+
+
+def _write_rms(hidden: int, attn_width: int, inter: int, std: float = _INIT_STD) -> float:
+    """One random layer's residual write per entry (RMS) on a unit-RMS normed input: attention's value path with
+    one attended position (``std^2 sqrt(hidden * attn_width)``) and the MLP with ``silu(g) ~ g / 2``
+    (``std sqrt(inter) * std^2 hidden / 2``), in quadrature."""
+    attn = std * std * math.sqrt(hidden * attn_width)
+    mlp = std * math.sqrt(inter) * std * std * hidden / 2
+    return math.hypot(attn, mlp)
+
+
+def calibration_gains(cfg: Qwen3TTSConfig, cal: Calibration = CALIBRATION) -> dict[str, float]:
+    """The geometry's gains: ``talker_layers`` / ``predictor_layers`` (o_proj, down_proj) and ``talker_bulk`` /
+    ``predictor_bulk`` (random head rows), each at most 1.
+
+    A stack of L layers adds writes of about ``sqrt(L) * _write_rms`` to the fed code's embedding, of RMS
+    ``c0_embedding_gain * std`` in the talker (``C(c0)``) and ``std`` in the predictor (``E_j(c_j)``; ``std^2
+    sqrt(talker width)`` through the 1.7B projection). The layer gain brings that ratio down to ``write_ratio``
+    (``layer_gain`` set: that for both). A random head row's logit on a unit-RMS hidden of width W has std
+    ``std sqrt(W)``; the bulk gain ``sqrt(bulk_width / W)`` caps it at ``std sqrt(bulk_width)``. tiny gets 1
+    everywhere (its writes and bulk are already that small), the 0.6B bulk gains 1, the 1.7B talker's 0.71."""
+    tc, pc = cfg.talker, cfg.code_predictor
+    std = _INIT_STD
+    fed_talker = cal.c0_embedding_gain * std
+    fed_predictor = std * std * math.sqrt(tc.hidden_size) if cfg.has_mtp_projection else std
+
+    def layers(c, fed: float) -> float:
+        if cal.layer_gain is not None:
+            return float(cal.layer_gain)
+        ratio = math.sqrt(c.num_hidden_layers) * _write_rms(c.hidden_size, c.num_attention_heads * c.head_dim,
+                                                            c.intermediate_size) / fed
+        return min(1.0, cal.write_ratio / ratio)
+
+    def bulk(width: int) -> float:
+        return min(1.0, math.sqrt(cal.bulk_width / width))
+
+    return {"talker_layers": layers(tc, fed_talker), "predictor_layers": layers(pc, fed_predictor),
+            "talker_bulk": bulk(tc.hidden_size), "predictor_bulk": bulk(pc.hidden_size)}
 
 
 @torch.no_grad()
 def calibrate_(talker: torch.nn.Module, generator: torch.Generator, cal: Calibration = CALIBRATION) -> None:
     """Make a randomly initialised ``Talker`` confident in place (see :class:`Calibration`); deterministic given
-    ``generator``. Codec ids >= 2048 (EOS and the prompt's special tokens) keep their random head rows."""
+    ``generator``. Codec ids >= 2048 (EOS and the prompt's special tokens) keep their random head rows (times the
+    bulk and head gains, like every row)."""
     cp = talker.code_predictor
-    layers = list(talker.model.layers) + list(cp.model.layers)
-    for layer in layers:
-        for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
-            w.copy_(w.float() * cal.layer_gain)
+    gains = calibration_gains(talker.cfg, cal)
+    for layers, g in ((talker.model.layers, gains["talker_layers"]), (cp.model.layers, gains["predictor_layers"])):
+        for layer in layers:
+            for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+                w.copy_(w.float() * g)
     emb = talker.model.codec_embedding.weight
     emb.copy_(emb.float() * cal.c0_embedding_gain)
     codes = cp.lm_head[0].weight.shape[0]                       # 2048 codes per codebook
@@ -173,17 +220,18 @@ def calibrate_(talker: torch.nn.Module, generator: torch.Generator, cal: Calibra
         x = table[:codes].float()
         return x if not hasattr(proj, "weight") else x @ proj.weight.float().T + proj.bias.float()
 
-    def tie_(head: torch.Tensor, rows: torch.Tensor) -> None:  # head [>=2048, W], rows [2048, W]
+    def tie_(head: torch.Tensor, rows: torch.Tensor, bulk: float) -> None:  # head [>=2048, W], rows [2048, W]
         perm = torch.randperm(codes, generator=generator)       # code v is the answer to fed code perm[v]
         t = rows[perm]
         t = t / t.norm(dim=1, keepdim=True).clamp_min(1e-12) * (cal.tie_logit / head.shape[1] ** 0.5)
-        head[:codes] = (head[:codes].float() + t).to(head.dtype)
-        head.copy_(head.float() * cal.head_gain)
+        x = head.float() * bulk
+        x[:codes] += t
+        head.copy_(x * cal.head_gain)                           # one rounding to the head's dtype
 
-    tie_(talker.codec_head.weight, emb[:codes].float())         # c0 of frame t+1 from C(c0) of frame t
+    tie_(talker.codec_head.weight, emb[:codes].float(), gains["talker_bulk"])  # c0 of frame t+1 from C(c0) of t
     tables = [e.weight for e in cp.model.codec_embedding]        # E_1..E_15 (talker width)
     for j, head in enumerate(cp.lm_head):                        # step j is fed C(c0) (j = 0) or E_j(c_j)
-        tie_(head.weight, fed(emb if j == 0 else tables[j - 1]))
+        tie_(head.weight, fed(emb if j == 0 else tables[j - 1]), gains["predictor_bulk"])
 
 
 # ---- the factory -------------------------------------------------------------------------------
@@ -313,10 +361,12 @@ def default_checkpoint() -> Path:
 
 def cached_checkpoint(size: str = "tiny", variant: str = "custom_voice", seed: int = 0, *,
                       calibrated: bool = False) -> Path:
-    """A random checkpoint made once under ``cache_dir()/checkpoints`` (``-confident`` when ``calibrated``: the
-    one fidelity measurements use, docs/quality.md#confident-random-checkpoints), guarded by a file lock."""
+    """A random checkpoint made once under ``cache_dir()/checkpoints`` (``-confident<calibration version>`` when
+    ``calibrated``: the one fidelity measurements use, docs/quality.md#confident-random-checkpoints), guarded by a
+    file lock."""
     root = cache_dir() / "checkpoints"
-    path = root / f"{size}-{variant}-seed{seed}-v{_FACTORY_VERSION}{'-confident' if calibrated else ''}"
+    confident = f"-confident{_CALIBRATION_VERSION}" if calibrated else ""
+    path = root / f"{size}-{variant}-seed{seed}-v{_FACTORY_VERSION}{confident}"
     if (path / "speech_tokenizer" / "model.safetensors").is_file():
         return path
     with file_lock(root / ".lock"):
