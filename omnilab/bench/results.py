@@ -131,6 +131,14 @@ class BenchResult:
         w = [max(len(g[i]) for g in grid) for i in range(len(keep))]
         lines = [" | ".join(x.ljust(w[i]) for i, x in enumerate(g)) for g in grid]
         lines.insert(1, "-|-".join("-" * x for x in w))
+        sr = (self.meta.get("stream_read") or {}).get("gbps")
+        if _num(sr):  # what the GB/s columns read against; a part above it is served (partly) from cache
+            lines.append(f"streaming read (x.sum()): {sr:.1f} GB/s")
+        b16 = self.meta.get("fidelity_bf16")
+        if isinstance(b16, dict) and _num(b16.get("c0_agreement")):  # the rounding of bf16 compute alone, beside
+            lines.append(f"bf16 compute, unquantized, on the same checkpoint: c0 agree {b16['c0_agreement']:.3f}, "
+                         f"c0 KL {b16.get('c0_kl_mean', float('nan')):.2g}, cp agree "
+                         f"{b16.get('cp_agreement', float('nan')):.3f}")
         if self.noisy():
             lines.append(f"! run-queue wait above {flag:g} %: other load competed for the CPUs during "
                          f"{', '.join(self.noisy())}; those figures are inflated (rerun on a quieter host)")

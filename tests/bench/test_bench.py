@@ -371,6 +371,10 @@ def test_decode_bytes_count_storage_and_predictor_passes(tiny_ckpt):
     assert parts["talker"] + parts["predictor"] == floors.decode_bytes_per_frame(int8) and parts["predictor"] > parts["talker"]
 
 
+def ref_b16(d):
+    return d["meta"]["fidelity_bf16"]["c0_agreement"]
+
+
 def test_quantization_and_dtype_rows_carry_points_and_fidelity(tiny_ckpt, tmp_path, capsys):
     argv = ["--model", str(tiny_ckpt("custom_voice")), "--configs", "eager", "--quantization", "none,int8",
             "--dtype", "float32,bfloat16", "--interleave", "1", "--concurrency", "1", "--gemv-mib", "8",
@@ -392,6 +396,10 @@ def test_quantization_and_dtype_rows_carry_points_and_fidelity(tiny_ckpt, tmp_pa
     assert d["meta"]["fidelity_bf16"] == pts["eager+bf16"]["fidelity"]  # bf16's figures beside every row
     header = next(line for line in out if line.startswith("config "))  # the table's header line
     assert "c0 agree" in header and "decode GB/s" in header and "wave SNR dB" in header
+    assert "talker GB/s" in header and "predictor GB/s" in header
+    # under the table: the streaming read the GB/s columns compare to, and bf16 compute's fidelity
+    assert f"streaming read (x.sum()): {d['stream_read_gbps']:.1f} GB/s" in out
+    assert f"bf16 compute, unquantized, on the same checkpoint: c0 agree {ref_b16(d):.3f}" in " ".join(out)
 
 
 def test_voice_design_and_base_checkpoints_are_benched(tiny_ckpt, tmp_path, capsys):
