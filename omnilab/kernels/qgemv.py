@@ -18,8 +18,9 @@ Activations (``activations=``, default :data:`DEFAULT_ACTIVATIONS`):
 - ``"fp32"``: codes expanded to fp32 in registers, FMA with x: only the weights are quantized; the result is
   ``x @ dequantize().T`` up to fp32 rounding (K products summed in another order).
 
-Rows beyond 16 (prefill) run the kernel over blocks of 16 rows up to ``CHUNKED_MAX_ROWS`` (measured faster
-than dequantizing), beyond that dequantize 1024 output rows at a time and use torch's GEMM with fp32 activations.
+Rows beyond 16 (prefill) run the kernel in one call up to ``CHUNKED_MAX_ROWS`` (the codes streamed once for all
+rows; measured faster than dequantizing), beyond that dequantize 1024 output rows at a time and use torch's GEMM
+with fp32 activations.
 Autograd inputs take the dequantized ``F.linear``. A row's result does not depend on its batch mates, the
 thread count or the ISA (bitwise; see qgemv.cpp).
 
@@ -49,10 +50,11 @@ ENV = "OMNILAB_CPU_QGEMV"
 MODES = KERNEL_MODES
 MAX_ROWS = 16            # rows per call that take the kernel (weights streamed once for all of them)
 PREFILL_BLOCK = 1024     # output rows dequantized at a time beyond CHUNKED_MAX_ROWS
-# Up to this many rows (a prefill) the kernel runs over blocks of MAX_ROWS rows instead of dequantizing the
-# matrix per call: measured on Zen 4, 2 threads, [3072, 1024], median of 5: int4 g128 32/100/300/1000 rows
-# 0.8/2.4/6.9/13.1 ms vs 14.0/16.9/28.2/41.2 dequantized; int8 1.1/3.4/9.6/32.0 vs 5.5/8.8/16.0/40.1. A row's
-# result then stays independent of the other rows, as at decode.
+# Up to this many rows (a prefill) the kernel runs in one call instead of dequantizing the matrix per call (in
+# 16-row blocks before: measured on Zen 4, 2 threads, [3072, 1024], median of 5: int4 g128 32/100/300/1000 rows
+# 0.8/2.4/6.9/13.1 ms vs 14.0/16.9/28.2/41.2 dequantized; int8 1.1/3.4/9.6/32.0 vs 5.5/8.8/16.0/40.1). One call reads
+# the codes from memory once for all rows (docs/kernels.md#quantized-gemv-int8--int4-weights). A row's result stays
+# independent of the other rows, as at decode.
 CHUNKED_MAX_ROWS = 1024
 ACTIVATIONS = ("int8", "int16", "fp32")
 ACT_MODE = {"fp32": 0, "int8": 1, "int16": 2}  # qgemv.cpp's act argument
@@ -127,8 +129,8 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
     pf = resolve_prefetch(lib)
     dots = "vpdpbusd / vpdpwssd" if lib.isa == "avx512" else "vpmaddubsw / vpmaddwd"
     reason = (f"{reason}{note}; 1-{MAX_ROWS} rows stream the int8/int4 codes once ({dots} for int8 / int16 "
-              f"activations), prefill: the kernel over 16-row blocks up to {CHUNKED_MAX_ROWS} rows, torch GEMM over dequantized blocks beyond; "
-              f"software prefetch {'/'.join(map(str, pf.distances))} bytes ({', '.join(SLOTS)}): {pf.reason}")
+              f"activations), prefill: the kernel in one call up to {CHUNKED_MAX_ROWS} rows, torch GEMM over "
+              f"dequantized blocks beyond; software prefetch {'/'.join(map(str, pf.distances))} bytes ({', '.join(SLOTS)}): {pf.reason}")
     return QgemvChoice("omnilab", lib.isa, str(lib.path), reason, source, prefetch=pf.distances), lib
 
 
@@ -217,12 +219,7 @@ def qlinear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = No
     if rows == 0 or rows > CHUNKED_MAX_ROWS or (rows > MAX_ROWS and (lib is None or x.device.type != "cpu")):
         return dequantized_linear(x, qw, bias)
     if lib is not None and x.device.type == "cpu":
-        if rows > MAX_ROWS:  # a prefill: the kernel over blocks of MAX_ROWS rows (see CHUNKED_MAX_ROWS)
-            flat = x.reshape(rows, k)
-            out = torch.cat([_call(lib, flat[i:i + MAX_ROWS].contiguous(), qw, bias, min(MAX_ROWS, rows - i),
-                                   activations) for i in range(0, rows, MAX_ROWS)])
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-        return _call(lib, x, qw, bias, rows, activations)
+        return _call(lib, x, qw, bias, rows, activations)  # decode rows, or a prefill in one call
     if activations == "fp32":
         return F.linear(x, qw.dequantize(), bias)
     y = int_act_reference(x, qw, 16 if activations == "int16" else 8)
