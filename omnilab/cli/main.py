@@ -77,8 +77,9 @@ def synth_main(argv: list[str] | None = None) -> int:
     a("--greedy", action="store_true", help="greedy decoding (talker and sub-talker)")
     a("--seed", type=int, default=0, help="sampling seed")
     a("--dtype", default=None, help="float32 | bfloat16 (default: chosen for this CPU by a short, cached timing)")
-    a("--quantization", default=None, metavar="Q", help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | "
-      "int4-g128 (default: the deploy profile's, none unless asked; a quantized checkpoint as stored)")
+    a("--quantization", default=None, metavar="Q", help="decode matrix recipe: none | int8 | int4 (int4 "
+      "talker, int8 code predictor) | int4-all, int4 ones with a group suffix -g32 | -g64 | -g128 (default: the deploy "
+      "profile's, none unless asked; a quantized checkpoint as stored)")
     a("--threads", type=int, default=None, help="talker threads (default: the deploy profile's)")
     a("--backend", default="vllm", choices=("vllm", "eager"), help="vllm: the talker in vLLM's CPU engine; eager: "
       "plain torch in this process")

@@ -71,8 +71,8 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--root", default="/", help="filesystem root or .json snapshot to plan for")
     ap.add_argument("--max-concurrency", type=int, help="concurrent requests, max_num_seqs (default: the planner's)")
     ap.add_argument("--max-model-len", type=int, help="talker context length in tokens (default: the planner's)")
-    ap.add_argument("--quantization", metavar="Q", help="decode matrices: none | int8 | int4 | int4-g32 | int4-g64 | "
-                    "int4-g128 (default: none)")
+    ap.add_argument("--quantization", metavar="Q", help="decode matrix recipe: none | int8 | int4 | "
+                    "int4-all, int4 ones with a group suffix -g32 | -g64 | -g128 (default: none)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a field, e.g. "
                     "--set talker_threads=4 --set dtype=float32; repeatable (default: none)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -25,7 +25,8 @@ def serve_parser() -> argparse.ArgumentParser:
       "continuous batching; eager: plain torch")
     a("--deploy-profile", default=d.deploy_profile, help="auto | a preset name | a deploy YAML path | none")
     a("--deploy", default=None, choices=("auto", "inprocess", "workers"), help="vLLM: where the stages run")
-    a("--quantization", default=None, help="none | int8 | int4 | int4-g32|64|128")
+    a("--quantization", default=None,
+      help="decode matrix recipe: none | int8 | int4 | int4-all, int4 ones with a group suffix -g32 | -g64 | -g128")
     a("--dtype", default=None, help="float32 | bfloat16 (default: auto, chosen per CPU)")
     a("--threads", type=int, default=None, help="talker threads (default: the deploy profile's)")
     a("--max-concurrency", type=int, default=d.max_concurrency, help="requests generating at once")
