@@ -87,7 +87,7 @@ def tiny_ckpt(random_ckpt):
     return lambda variant="custom_voice", seed=0: random_ckpt("tiny", variant, seed)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def confident_tiny(random_ckpt):
     """``confident_tiny(variant="custom_voice", seed=0) -> Path``: the tiny checkpoint made confident
     (``calibrated=True``): greedy decisions with margins fp32 rounding does not flip, for tests that assert equal

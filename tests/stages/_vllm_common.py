@@ -49,3 +49,31 @@ def vllm_run(stage, preq, params, rid="r"):
         outs += [o for o in stage.step() if o.request_id == rid]
     frames = [o.codes for o in outs if o.codes is not None]
     return (torch.stack(frames) if frames else torch.empty(0, 16, dtype=torch.long)), outs
+
+
+def first_difference(model, codes, hidden, other, params) -> str:
+    """Where ``other`` parts from the greedy ``codes`` (``hidden``: the final-norm states that produced them): the
+    frame, the codebook and the reference model's top-2 margin there (codebook 0: its greedy scores; 1..15: the
+    predictor's logits, fed the reference's codes)."""
+    from omnilab.sampling import Warp, talker_scores
+
+    n = min(len(codes), len(other))
+    k = next((k for k in range(n) if not torch.equal(codes[k], other[k])), None)
+    if k is None:
+        return f"{len(codes)} vs {len(other)} frames, equal on the first {n}"
+    i = int((codes[k] != other[k]).nonzero()[0, 0])
+    talker = model.talker
+    if i == 0:
+        w = talker.codec_head.weight  # quantized: the values the kernel multiplies by
+        w = w.dequantize() if hasattr(w, "dequantize") else w.detach().float()
+        scores = talker_scores((hidden[k] @ w.T)[None], [codes[:k, 0]], [params],
+                               model.config.talker.codec_eos_token_id)[0]
+    else:
+        h = hidden[k][None].to(talker.dtype)
+        warp = Warp(do_sample=False, temperature=1.0, top_k=0, top_p=1.0)
+        _, logits = talker.code_predictor.generate(h, talker.embed_codec(codes[k, :1]).to(talker.dtype), warp,
+                                                   return_logits=True, forced=codes[k, 1:][None])
+        scores = logits[0, i - 1]
+    top = scores.topk(2).values
+    return (f"frame {k} codebook {i}: {int(codes[k, i])} -> {int(other[k, i])}, reference top-2 margin "
+            f"{float(top[0] - top[1]):.3g}")
