@@ -36,6 +36,14 @@ from typing import Any
 from omnilab.config import has_int4, parse_quantization, quantization_spelling as config_spelling
 from omnilab.errors import ConfigError, InputError
 from omnilab.hardware import format_cpulist
+from omnilab.html_tables import html_table, key_value_table
+from omnilab.models.tiny import TALKER_GEOMETRIES
+from omnilab.profiles import DeployProfile, resolve_profile
+from omnilab.profiles.planner import as_geometry
+from omnilab.profiles.profile import Resolved
+from omnilab.profiles.quantization import resolve_quantization
+from omnilab.profiles.tensor_parallel import SHARED_NODE
+from omnilab.stages._env import env_flag
 
 DEPLOY_MODES = ("auto", "inprocess", "workers")
 
@@ -103,7 +111,6 @@ class Deployment:
         return f"Deployment(backend={self.backend!r}, placement={self.placement!r}, profile={name!r})"
 
     def _repr_html_(self) -> str:
-        from omnilab.html_tables import html_table
         body = html_table(["what", "value"], self.rows())
         return body + (self.profile._repr_html_() if self.profile is not None else "")
 
@@ -135,9 +142,9 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
     parsed ``config.json`` (its ``quantization_config``, not read again)."""
     import torch
 
-    from omnilab.checkpoint.quantized import quantization_for
-    from omnilab.kernels.quant import packed_nbytes
-    from omnilab.tuning.storage import talker_streamed_name
+    from omnilab.checkpoint.quantized import quantization_for  # lazy: torch
+    from omnilab.kernels.quant import packed_nbytes  # lazy: torch
+    from omnilab.tuning.storage import talker_streamed_name  # lazy: torch
 
     # a pack-quantized checkpoint: its own quantization, its packed matrices seen at their [N, K] (docs/quantization.md)
     choice, index = quantization_for(Path(checkpoint_dir), method, group_size, config)
@@ -154,7 +161,7 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
         after += packed_nbytes(tuple(shape), fmt, choice.group_size if fmt == "int4" else None) if packed else plain
     kernel = None
     if choice.enabled:
-        from omnilab.kernels.qgemv import qgemv_choice
+        from omnilab.kernels.qgemv import qgemv_choice  # lazy: torch
         kernel = qgemv_choice().label
     return QuantizationRow(choice, before, after, kernel)
 
@@ -162,7 +169,7 @@ def quantization_row(checkpoint_dir: Path, method: Any, group_size: Any, weights
 def _dtype_name(dtype: Any) -> str | None:
     if dtype is None:
         return None
-    from omnilab.checkpoint.load import resolve_dtype
+    from omnilab.checkpoint.load import resolve_dtype  # lazy: torch
     d, _ = resolve_dtype(dtype)
     return "float32" if str(d) == "torch.float32" else "bfloat16"
 
@@ -192,8 +199,6 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
         if max_concurrency is not None:
             raise InputError("max_concurrency= sizes the deploy profile; it needs deploy_profile (e.g. 'auto')")
         return None
-    from omnilab.profiles import DeployProfile, resolve_profile
-    from omnilab.profiles.planner import as_geometry
 
     name = _dtype_name(dtype)
     if isinstance(spec, DeployProfile):
@@ -205,7 +210,6 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
             raise InputError(f"max_concurrency={max_concurrency} is above the given DeployProfile's max_num_seqs="
                              f"{profile.max_num_seqs.value}")
         if quantization is not None:
-            from omnilab.profiles.quantization import resolve_quantization
             q = resolve_quantization(as_geometry(model_config if model_config is not None else checkpoint_dir),
                                      quantization)
             profile = profile.replace(quantization=q) if q.value != profile.quantization.value else profile
@@ -217,8 +221,8 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
                  if v is not None}
     kwargs: dict[str, Any] = {"overrides": overrides} if overrides else {}
     if name is None:  # an open dtype follows the timing of this machine's linear paths (OMNILAB_PLAN_TIMING)
-        from omnilab.tuning.code2wav_timing import with_code2wav_times
-        from omnilab.tuning.timing import path_times
+        from omnilab.tuning.code2wav_timing import with_code2wav_times  # lazy: torch
+        from omnilab.tuning.timing import path_times  # lazy: torch
         kwargs["path_times"] = with_code2wav_times(path_times())  # + code2wav's bf16/fp32 timing where bf16 is native
     if max_concurrency is not None:
         kwargs["max_concurrency"] = max_concurrency
@@ -227,7 +231,7 @@ def resolve_pipeline_profile(checkpoint_dir: Path, spec: Any, *, dtype: Any = No
 
 
 def _chunk_schedule(profile):
-    from omnilab.models.code2wav_stream import ChunkSchedule
+    from omnilab.models.code2wav_stream import ChunkSchedule  # lazy: torch
     return ChunkSchedule(first_frames=profile.first_chunk_frames.value, ramp=profile.chunk_ramp_frames.value,
                          steady_frames=profile.steady_chunk_frames.value)
 
@@ -242,7 +246,6 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
         raise InputError(f"num_threads must be a positive integer; got {num_threads!r}")
     if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
         raise InputError(f"max_concurrency must be a positive integer; got {max_concurrency!r}")
-    from omnilab.stages._env import env_flag
     for var in ("OMNILAB_CPU_INDUCTOR", "VLLM_OMNI_CPU_INDUCTOR", "OMNILAB_VLLM_PREDICTOR_PER_ROW"):
         env_flag(None, var)  # a bad word is a ConfigError on every backend (eager ignores a good one)
     if isinstance(deploy, str) and deploy not in DEPLOY_MODES + ("multiprocess",):
@@ -257,7 +260,6 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     if backend == "vllm" and profile is not None and profile.talker_tp_size.value > 1:
         import warnings  # ranks on one NUMA node run (testing, study) but gain nothing: said where it runs
 
-        from omnilab.profiles.tensor_parallel import SHARED_NODE
         for note in profile.warnings:
             if SHARED_NODE in note:
                 warnings.warn(f"omnilab: {note}", UserWarning, stacklevel=3)
@@ -294,15 +296,15 @@ def prepare(checkpoint_dir: Path, *, backend: str, deploy_profile: Any = "auto",
     if backend == "eager":
         return Deployment(backend, profile, "in-process", why, load_dtype, threads, sched, not_applied=not_applied)
     if mode == "custom":  # resolved here, once: the stage builders get the VllmDeploy, not the spec
-        from omnilab.stages.vllm.deploy import resolve_deploy
+        from omnilab.stages.vllm.deploy import resolve_deploy  # lazy: torch
         return Deployment(backend, profile, "custom", why, load_dtype, num_threads, sched,
                           vllm_deploy=resolve_deploy(deploy))
     if profile is None:
-        from omnilab.stages.vllm.deploy import VllmDeploy, VllmStageConfig
+        from omnilab.stages.vllm.deploy import VllmDeploy, VllmStageConfig  # lazy: torch
         spec = VllmDeploy.multiprocess_default() if mode == "workers" else VllmDeploy(
             VllmStageConfig(talker_threads=num_threads))
     else:
-        from omnilab.stages.vllm.deploy import VllmDeploy
+        from omnilab.stages.vllm.deploy import VllmDeploy  # lazy: torch
         spec = VllmDeploy.from_profile(profile, multiprocess=mode == "workers")
     placement = "workers" if mode == "workers" else "in-process"
     # In workers the talker's threads live in its process; this process keeps its own setting.
@@ -318,8 +320,6 @@ def fit_in_process(profile, affinity: set[int] | None = None):
     so code2wav gets all its threads.
     Explicit values (environment, argument, preset, file) stay and are applied around each code2wav call.
     ``not_applied`` names what a running process cannot honour, with the reason."""
-    from omnilab.profiles.profile import Resolved
-
     c2w_t, c2w_c, mode = profile.code2wav_threads, profile.code2wav_cpus, profile.mode
     both = (profile.talker_threads.source, profile.talker_cpus.source, c2w_t.source, c2w_c.source, mode.source)
     if mode.value == "split" and set(both) == {"auto"} and profile.talker_tp_size.value == 1:
@@ -364,8 +364,6 @@ class PipelineRepr:
     of ``pipeline.py``; reads ``self.model``, ``self.backend`` and ``self.deployment``."""
 
     def _describe(self) -> list[tuple[str, str]]:
-        from omnilab.models.tiny import TALKER_GEOMETRIES
-
         c, dep = self.model.config, self.deployment
         t = c.talker  # the size by geometry: a tiny random checkpoint says "0b6" in its config.json
         size = next((name for name, g in TALKER_GEOMETRIES.items()
@@ -386,6 +384,4 @@ class PipelineRepr:
                 f"path={d['checkpoint']!r})")
 
     def _repr_html_(self) -> str:
-        from omnilab.html_tables import key_value_table
-
         return "<div><b>Pipeline</b>" + key_value_table(dict(self._describe())) + "</div>"

@@ -32,16 +32,26 @@ from typing import Any, Hashable, Iterator, Sequence
 import numpy as np
 import torch
 
-from omnilab.deployment import PipelineRepr
+from omnilab.checkpoint.load import load_model, read_configs, resolve_checkpoint, resolve_dtype, validate_checkpoint_dir
+from omnilab.checkpoint.random import default_checkpoint
+from omnilab.deployment import PipelineRepr, prepare, quantization_row, quantization_spelling
 from omnilab.errors import InputError, UnsupportedError
 from omnilab.instrument.hooks import as_hooks
 from omnilab.instrument.recorder import Recorder, clock
+from omnilab.kernels import kernel_choices
 from omnilab.models.code2wav_stream import ChunkSchedule
+from omnilab.profiles.planner import as_geometry
+from omnilab.profiles.readback import check_stages
 from omnilab.requests import UserRequest, build_request
 from omnilab.results import AudioChunk, SynthesisResult
 from omnilab.sampling import SamplingParams
+from omnilab.stages.code2wav.stage import Code2WavStage
+from omnilab.stages.eager import EagerTalkerStage
+from omnilab.stages.lifecycle import restart_stages
 from omnilab.stages.owner import FrameRouter, OwnedIterator, OwnerThread
 from omnilab.stages.talker_control import OwnedRequests, TalkerControl  # noqa: F401  (TalkerControl: public here)
+from omnilab.stages.vllm.deploy import build_stages, client_load_options
+from omnilab.tuning.code2wav_timing import timed_code2wav_dtype as c2w_dtype
 
 BACKENDS = ("eager", "vllm")
 _SAMPLING_KEYS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
@@ -121,15 +131,8 @@ class Pipeline(OwnedRequests, PipelineRepr):
             raise UnsupportedError(f"device {device!r} is not supported: omnilab runs on CPUs; accepted: 'cpu'")
         if backend not in BACKENDS:
             raise InputError(f"backend {backend!r} is not known; accepted: {', '.join(BACKENDS)}")
-        from omnilab.deployment import prepare, quantization_row, quantization_spelling
-        from omnilab.checkpoint.load import (load_model, read_configs, resolve_checkpoint, resolve_dtype,
-                                             validate_checkpoint_dir)
-        from omnilab.profiles.planner import as_geometry
-        from omnilab.stages.code2wav.stage import Code2WavStage
-        from omnilab.stages.eager import EagerTalkerStage
 
         if path_or_hub_id is None:
-            from omnilab.checkpoint.random import default_checkpoint
             path_or_hub_id = default_checkpoint()
         path = validate_checkpoint_dir(resolve_checkpoint(path_or_hub_id))
         configs = read_configs(path)  # parsed once: the deploy profile's geometry and the loader both use them
@@ -139,8 +142,6 @@ class Pipeline(OwnedRequests, PipelineRepr):
                       quantization=quantization_spelling(quantization, quant_group_size))
         if dep.num_threads is not None:
             torch.set_num_threads(dep.num_threads)
-        from omnilab.kernels import kernel_choices
-        from omnilab.tuning.code2wav_timing import timed_code2wav_dtype as c2w_dtype
         # resolved here: a bad kernel/dtype/quantization variable fails before any worker starts; kernels built once
         kernels = kernel_choices(compute := resolve_dtype(dep.dtype)[0])
         chosen = {k.key: k.choice for k in kernels}
@@ -153,7 +154,6 @@ class Pipeline(OwnedRequests, PipelineRepr):
                                   paths=chosen["paths"])
         flush_denormals()
         if backend == "vllm":
-            from omnilab.stages.vllm.deploy import build_stages, client_load_options
             model = load_model(path, dtype=dep.dtype, configs=configs, quantization=quant,
                                **client_load_options(dep.vllm_deploy))
             talker_stage, code2wav_stage = build_stages(model, dep.vllm_deploy, code2wav_dtype=dep.code2wav_dtype)
@@ -175,8 +175,6 @@ class Pipeline(OwnedRequests, PipelineRepr):
         Returns ``{stage: ProcessReadback}`` for stages in worker processes, ``{stage: threads}`` for stages
         in this process, and ``"not_applied": {field: reason}`` for profile fields the placement cannot
         honour (e.g. CPU pinning in-process); raises ``WorkerError`` listing every difference from the plan."""
-        from omnilab.profiles.readback import check_stages
-
         if self.profile is None:
             raise InputError("this Pipeline has no deploy profile (built with deploy_profile=None)")
         return check_stages(self.profile, self.processes(), {
@@ -395,7 +393,6 @@ class Pipeline(OwnedRequests, PipelineRepr):
         self._owner.run(self._restart_stages)
 
     def _restart_stages(self) -> None:
-        from omnilab.stages.lifecycle import restart_stages
         self._close_stages()  # ends routed requests; closing again below is idempotent
         self._talker, self.code2wav = restart_stages(self._talker, getattr(self.code2wav, "_obj", self.code2wav))
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from omnilab.audio import load_audio
 from omnilab.errors import InputError
 from omnilab.models.prompt import PromptRequest, resolve, split_chat_ids, split_ref_ids
 
@@ -41,8 +42,6 @@ class UserRequest:
 
 def _audio_arg(ref_audio: Any) -> np.ndarray:
     """``path`` or ``(array, sample_rate)`` -> mono float32 at 24 kHz."""
-    from omnilab.audio import load_audio
-
     try:
         if isinstance(ref_audio, (str, Path)):
             return load_audio(ref_audio)

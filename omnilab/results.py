@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from omnilab.html_tables import Summary, key_value_table
 
 if TYPE_CHECKING:
     from omnilab.instrument.trace import Trace
@@ -120,8 +121,6 @@ class SynthesisResult:
 
     def summary(self) -> dict[str, Any]:
         """The result's figures: a dict that shows as a table in a notebook (``omnilab.html_tables.Summary``)."""
-        from omnilab.html_tables import Summary
-
         extra: dict[str, Any] = {}
         if self.trace is not None and self.trace.request_ids:
             m = self.trace.request_metrics(self.request_id or None)
@@ -144,7 +143,6 @@ class SynthesisResult:
                 f"rtf={self.rtf:.2f}, finish={self.finish_reason!r})")
 
     def _repr_html_(self) -> str:
-        from omnilab.html_tables import key_value_table
         player = ""
         try:
             player = self.play()._repr_html_()

@@ -4,10 +4,15 @@ Every ``import omnilab.x`` / ``from omnilab.x import y`` / ``from omnilab import
 level or inside functions) is an edge from that module to the module it names (``from omnilab.x import y`` to
 ``omnilab.x.y`` when that is a module). Imports under ``if TYPE_CHECKING:`` never run, so they are no edge. The layers and what each may import are stated in
 ``docs/architecture.md`` and in each package's ``__init__`` docstring.
+
+An omnilab import inside a function carries its reason on its (first) line: ``# lazy: <package>`` (it keeps torch,
+vLLM or another heavy or optional package out of importing the module) or ``# cycle: <module>`` (at module level it
+would close an import cycle through that module or package); every other import sits at the top of the module.
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -135,3 +140,75 @@ def test_layout_size_and_package_docstrings():
         assert init.exists(), f"{d} has no __init__.py"
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and "import" in doc.lower(), f"{init}: the docstring must say the package's job and what it may import"
+
+
+# ---- function-level imports say why ------------------------------------------------------------------
+# An omnilab import inside a function is kept there only to keep a heavy or optional package out of importing
+# the module (``# lazy: torch``), or because at module level it would close an import cycle (``# cycle: omnilab.x``,
+# the module or package that imports this one back). Anything else belongs at the top of the module.
+LAZY_PACKAGES = frozenset({"torch", "vllm", "matplotlib", "numpy", "pandas", "scipy", "ray", "fastapi", "uvicorn",
+                           "playwright", "soundfile", "safetensors", "transformers"})
+_REASON = re.compile(r"#\s*(lazy|cycle):\s*([\w.]+)")
+
+
+def _function_imports(tree: ast.AST):
+    """(import node, enclosing function) for every import inside a function or method."""
+    def walk(node, func):
+        for child in ast.iter_child_nodes(node):
+            inner = child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if inner is not None and isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, inner
+            yield from walk(child, inner)
+    yield from walk(tree, None)
+
+
+def _top_level_packages(tree: ast.Module) -> set[str]:
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.partition(".")[0])
+    return out
+
+
+def _unexplained_imports(mod: str, source: str, mods) -> list[str]:
+    """``mod:line`` with what is wrong, for each function-level omnilab import without a valid reason."""
+    tree = ast.parse(source)
+    lines, top, bad = source.splitlines(), _top_level_packages(tree), []
+    for node, func in _function_imports(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            names = [node.module or ""] if node.level == 0 else ["omnilab (relative)"]
+        if not any(n == "omnilab" or n.startswith("omnilab.") or n == "omnilab (relative)" for n in names):
+            continue
+        where = f"{mod}:{node.lineno} ({func.name})"
+        m = _REASON.search(lines[node.lineno - 1])
+        if m is None:
+            bad.append(f"{where}: no '# lazy: <package>' or '# cycle: <module>'")
+        elif m[1] == "lazy" and m[2] not in LAZY_PACKAGES:
+            bad.append(f"{where}: lazy: {m[2]} is not one of the heavy or optional packages {sorted(LAZY_PACKAGES)}")
+        elif m[1] == "lazy" and m[2] in top:
+            bad.append(f"{where}: lazy: {m[2]}, but the module imports {m[2]} at module level: move the import up")
+        elif m[1] == "cycle" and m[2] not in mods:
+            bad.append(f"{where}: cycle: {m[2]} names no omnilab module or package")
+    return bad
+
+
+def test_function_level_imports_say_why():
+    mods = _modules()
+    bad = [b for mod, path in sorted(mods.items()) for b in _unexplained_imports(mod, path.read_text(), mods)]
+    assert bad == [], "\n".join(bad)
+
+
+def test_an_unexplained_function_level_import_is_caught():
+    mods = {"omnilab.a": None, "omnilab.b": None}
+    src = ("import torch\n\n\ndef f():\n    from omnilab.a import x  # lazy: vllm\n"
+           "    from omnilab.b import (y,  # cycle: omnilab.b\n                           z)\n"
+           "    import json\n    return x, y, z, json\n\n\nclass C:\n    def g(self):\n"
+           "        from omnilab.a import x\n        from omnilab.a import w  # lazy: torch\n"
+           "        from omnilab.b import v  # lazy: yaml\n        from omnilab.a import u  # cycle: omnilab.c\n"
+           "        return x, w, v, u\n")
+    assert [b.partition(":")[2].partition(" ")[0] for b in _unexplained_imports("omnilab.t", src, mods)] == \
+        ["14", "15", "16", "17"]

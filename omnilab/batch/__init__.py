@@ -13,16 +13,7 @@ only inside functions, so ``import omnilab.batch`` imports no torch, vLLM or Ray
 """
 from __future__ import annotations
 
+from omnilab.batch.manifest import read_manifest
+from omnilab.batch.run import BatchReport, synthesize
+
 __all__ = ["synthesize", "read_manifest", "BatchReport"]
-
-
-def __getattr__(name: str):
-    if name in ("synthesize", "BatchReport"):
-        import omnilab.batch.run as run
-
-        return getattr(run, name)
-    if name == "read_manifest":
-        from omnilab.batch.manifest import read_manifest
-
-        return read_manifest
-    raise AttributeError(f"module 'omnilab.batch' has no attribute {name!r}")

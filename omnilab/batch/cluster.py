@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from omnilab.batch.worker import BatchWorker, numa_pools
 from omnilab.errors import InputError, WorkerError
 
 
@@ -156,8 +157,6 @@ def plan_slots(actors_per_node: int | None = None, threads: int | None = None) -
     """One ``Slot`` per actor over the cluster's alive nodes (see the module docstring)."""
     import ray
 
-    from omnilab.batch.worker import numa_pools
-
     for name, v in (("actors_per_node", actors_per_node), ("threads", threads)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise InputError(f"{name} {v!r} must be a positive integer or None (auto)")
@@ -185,8 +184,6 @@ class ActorPool:
     def __init__(self, slots: list[Slot], model: Any, pipeline_kwargs: Mapping[str, Any], *, run_id: str,
                  depth: int = 2, max_retries: int = 2, max_restarts: int = 3, log: Callable[[str], None] = print):
         import ray
-
-        from omnilab.batch.worker import BatchWorker
 
         self._remote = ray.remote(BatchWorker)
         self.slots, self.model, self.kwargs, self.run_id = slots, model, dict(pipeline_kwargs), run_id

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import omnilab.batch.cluster as cluster
 from omnilab.batch.manifest import Manifest, RowError, check_for_model, from_records, read_manifest
-from omnilab.batch.worker import settings_json
+from omnilab.batch.worker import BatchWorker, settings_json
 from omnilab.errors import InputError, UnsupportedError
 
 RECORD_COLUMNS = ("id", "line", "text", "frames", "audio_s", "ttfa_ms", "wall_s", "rtf", "finish_reason", "seed",
@@ -236,7 +237,6 @@ def _execute(address, model, kw, rows, deliver, say, started, *, run_id, threads
                                    "pip install -e \".[cluster]\", or pass address='none' to run in this process")
         say(f"[batch] {NO_RAY}")
         return _sequential(model, kw, rows, deliver, say, started, threads, "this process (ray not installed)")
-    import omnilab.batch.cluster as cluster
 
     owned = cluster.connect(address)  # None: connected already; a Cluster for "local:N"; True: ray.init here
     pool = None
@@ -261,8 +261,6 @@ def _execute(address, model, kw, rows, deliver, say, started, *, run_id, threads
 
 
 def _sequential(model, kw, rows, deliver, say, started, threads, why):
-    from omnilab.batch.worker import BatchWorker
-
     w = BatchWorker(model, name="local", node=socket.gethostname(), num_threads=threads, **kw)
     say(f"[batch] {why}: 1 Pipeline, {w.profile}")
     started()

@@ -57,7 +57,7 @@ class BatchWorker:
         os.environ.update(env or {})
         if cpus:
             os.sched_setaffinity(0, cpus)
-        from omnilab.pipeline import Pipeline
+        from omnilab.pipeline import Pipeline  # lazy: torch
 
         t0 = time.perf_counter()
         self.name, self.node, self.cpus = name, node or socket.gethostname(), tuple(cpus or ())

@@ -36,8 +36,11 @@ from typing import Any, Iterator
 
 from omnilab import settings
 from omnilab.bench import drivers as drv
+from omnilab.bench.floors import decode_bytes_by_part
 from omnilab.bench.memory import schedstat_snapshot, wait_pct
 from omnilab.bench.results import table_keys
+from omnilab.deployment import prepare
+from omnilab.stages.vllm.config import VllmStageConfig
 
 BASES = {
     "eager": "plain torch in this process (talker + predictor + code2wav), --threads torch threads",
@@ -148,7 +151,7 @@ def expand(configs: tuple[str, ...], quantizations: tuple[str, ...] = (),
 def config_env(cfg: Config) -> Iterator[None]:
     """The configuration's modifier variables over the environment this process started with (a variable
     the user exported stays unless a modifier sets it); the kernel choices are re-resolved on entry and exit."""
-    from omnilab.kernels import gemv, snake
+    from omnilab.kernels import gemv, snake  # lazy: torch
 
     saved = {v: os.environ.get(v) for v in MODIFIER_VARS}
     os.environ.update(cfg.env)
@@ -175,8 +178,8 @@ def _given(cfg: Config, var: str) -> str:
 def kernel_modes(cfg: Config) -> Iterator[None]:
     """This configuration's GEMV and SnakeBeta modes for the block (``--interleave`` switches them per run;
     weight placement and storage are fixed when the configuration is built)."""
-    from omnilab.kernels import use_gemv
-    from omnilab.kernels.snake import use_snake
+    from omnilab.kernels import use_gemv  # lazy: torch
+    from omnilab.kernels.snake import use_snake  # lazy: torch
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(use_gemv(_given(cfg, "OMNILAB_CPU_GEMV")))
@@ -188,7 +191,7 @@ def build(cfg: Config, ckpt: Path, s: Any):
     """A ``Pipeline`` for ``cfg`` on ``ckpt`` (``s``: the ``BenchConfig``; call inside ``config_env(cfg)``)."""
     import torch
 
-    from omnilab.pipeline import Pipeline
+    from omnilab.pipeline import Pipeline  # lazy: torch
 
     max_conc, dtype = max(s.concurrency), cfg.dtype_arg(s.dtype)
     profile = getattr(s, "deploy_profile", None)  # --deploy-profile: threads, CPUs and sizes as that profile plans
@@ -196,15 +199,12 @@ def build(cfg: Config, ckpt: Path, s: Any):
         return Pipeline.from_pretrained(ckpt, backend="eager", dtype=dtype, deploy_profile=profile,
                                         num_threads=None if profile else s.threads,
                                         max_concurrency=max_conc if profile else None)
-    from omnilab.stages.vllm.config import VllmStageConfig
-    from omnilab.stages.vllm.deploy import VllmDeploy
+    from omnilab.stages.vllm.deploy import VllmDeploy  # lazy: torch
 
     common = dict(max_model_len=s.max_model_len, block_size=128, enforce_eager=not cfg.compile_talker,
                   compile_predictor=cfg.compile_predictor, max_num_seqs=max_conc)
     explicit = s.talker_cpus is not None or s.code2wav_cpus is not None
     if (cfg.workers and not explicit) or (profile and not cfg.workers):  # what users get: the (auto) profile
-        from omnilab.deployment import prepare
-
         ranks = int(settings.raw("OMNILAB_TALKER_TP", cfg.env) or 1)  # +tp2: --threads is split between the ranks
         d = prepare(Path(ckpt), backend="vllm", deploy="workers" if cfg.workers else "inprocess", dtype=dtype,
                     deploy_profile=profile or "auto", num_threads=None if profile else max(s.threads // ranks, 1),
@@ -230,8 +230,6 @@ def build(cfg: Config, ckpt: Path, s: Any):
 
 def labels(pipe: Any) -> dict[str, Any]:
     """What the pipeline resolved: GEMV, SnakeBeta, weight storage, and its processes."""
-    from omnilab.bench.floors import decode_bytes_by_part
-
     dep = pipe.deployment
     parts = decode_bytes_by_part(pipe.model.talker) or {}
     q = dep.quantization.choice if dep.quantization is not None else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from omnilab.batch import cluster
 from omnilab.errors import InputError
 from omnilab.hardware import probe_hardware
 
@@ -55,8 +56,7 @@ def run_config(child_cfg: dict) -> dict:
 def run_on_cluster(cfg: BenchConfig, meta: dict, address: str | None) -> tuple[list, list, list, list]:
     import ray
 
-    from omnilab.batch import cluster
-    from omnilab.bench.modes import log
+    from omnilab.bench.modes import log  # lazy: numpy
 
     owned = cluster.connect(address)
     try:

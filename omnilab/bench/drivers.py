@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from omnilab.instrument.recorder import clock
+from omnilab.instrument.trace import percentiles
 
 FRAME_MS = 80.0  # audio per frame at 12.5 Hz (1920 samples at 24 kHz)
 
 
 def default_schedule():
-    from omnilab.models.code2wav_stream import ChunkSchedule
+    from omnilab.models.code2wav_stream import ChunkSchedule  # lazy: torch
 
     return ChunkSchedule(first_frames=1, ramp=(), steady_frames=25)
 
@@ -154,8 +155,6 @@ def summarize_point(run: PointRun) -> tuple[dict[str, Any], list[dict[str, Any]]
       (``omnilab.instrument.trace.request_metrics``), as are the per-request rows.
     """
     import numpy as np
-
-    from omnilab.instrument.trace import percentiles
 
     reqs = [{"index": i, **tr.request_metrics()} for i, tr in enumerate(run.traces)
             if tr is not None and tr.request_ids]

@@ -38,8 +38,8 @@ def _key(row: dict) -> tuple[str, str] | None:
 
 
 def _build(ckpt: Path, dtype: str, quantization: str, threads: int, extra_env: dict[str, str]):
-    from omnilab.bench.backends import Config, config_env
-    from omnilab.pipeline import Pipeline
+    from omnilab.bench.backends import Config, config_env  # lazy: numpy
+    from omnilab.pipeline import Pipeline  # lazy: torch
 
     with config_env(Config("fidelity", "eager", env={"OMNILAB_QUANTIZATION": quantization, **extra_env})):
         return Pipeline.from_pretrained(ckpt, backend="eager", dtype=dtype, num_threads=threads, deploy_profile=None)
@@ -52,9 +52,9 @@ def add_fidelity(cfg: Any, ckpt: Path, prompts: list[str], rows: list[dict], met
         if cfg.fidelity == "auto" and keys:
             meta["notes"].append("fidelity: every row ran the reference numerics (float32, unquantized): not measured")
         return
-    from omnilab.bench.backends import request_kwargs
-    from omnilab.bench.modes import log
-    from omnilab.quality import compare, reference
+    from omnilab.bench.backends import request_kwargs  # lazy: numpy
+    from omnilab.bench.modes import log  # lazy: numpy
+    from omnilab.quality import compare, reference  # lazy: torch
 
     texts = prompts[:FIDELITY_TEXTS]
     log(f"[bench] fidelity: {len(keys)} numerics setting(s) against eager float32 unquantized, {len(texts)} texts")

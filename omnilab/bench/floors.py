@@ -106,7 +106,7 @@ def decode_bytes_by_part(talker) -> dict[str, float] | None:
     None when the talker lives in a worker process (not loaded here)."""
     if talker is None:
         return None
-    from omnilab.tuning.storage import talker_streamed_name
+    from omnilab.tuning.storage import talker_streamed_name  # lazy: torch
 
     passes = len(talker.code_predictor.lm_head)
     parts = {"talker": 0.0, "predictor": 0.0}

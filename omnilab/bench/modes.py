@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from omnilab.bench import backends as be
 from omnilab.bench import floors
-from omnilab.bench.memory import mem_available_bytes, tree_rss_bytes
+from omnilab.bench.drivers import code2wav_chunk_costs
+from omnilab.bench.memory import ProcessSampler, mem_available_bytes, tree_rss_bytes
 from omnilab.bench.paired import paired_figures
 from omnilab.errors import InputError
 
@@ -51,8 +52,6 @@ def _mean_floor(a: dict | None, b: dict | None) -> dict | None:
 
 
 def _code2wav_chunks(pipe: Any, cfg: BenchConfig) -> dict:
-    from omnilab.bench.drivers import code2wav_chunk_costs
-
     if not cfg.code2wav_chunks or pipe.model.code2wav is None:  # None: code2wav runs in a worker process
         return {}
     return code2wav_chunk_costs(pipe.model.code2wav)
@@ -60,8 +59,6 @@ def _code2wav_chunks(pipe: Any, cfg: BenchConfig) -> dict:
 
 def run_same_process(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict,
                      meta: dict) -> tuple[list, list, list, list]:
-    from omnilab.bench.memory import ProcessSampler
-
     rows, points, reqs = [], [], []
     for c in (be.parse_config(n, cfg.compile_talker) for n in cfg.configs):
         gc.collect()
@@ -116,8 +113,6 @@ def run_interleaved(cfg: BenchConfig, ckpt: Path, prompts: list[str], bpf: dict,
     """All configurations in rounds, the order rotated every round. Side by side in memory, or with
     ``cfg.rebuild`` one at a time: each is built anew for its turn and closed after it (every configuration of a
     large sweep then fits in memory; the page cache keeps the checkpoint warm, and ``init_s`` is the median)."""
-    from omnilab.bench.memory import ProcessSampler
-
     configs = [be.parse_config(n, cfg.compile_talker) for n in cfg.configs]
     rebuild = getattr(cfg, "rebuild", False)
     pipes, built, runs, inits = {}, {}, {c.name: [] for c in configs}, {c.name: [] for c in configs}

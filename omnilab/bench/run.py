@@ -22,10 +22,16 @@ from typing import Any, Sequence
 
 from omnilab.bench import backends as be
 from omnilab.bench import floors, modes
+from omnilab.bench import reference as ref
+from omnilab.bench.cluster import run_on_cluster
+from omnilab.bench.fidelity import add_fidelity
+from omnilab.bench.memory import mem_available_bytes
 from omnilab.bench.results import WAIT_FLAG_PCT, BenchResult, load_bench  # noqa: F401  (load_bench re-exported)
+from omnilab.cli.main import Formatter
 from omnilab.config import VARIANTS
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 from omnilab.paths import cache_dir, file_lock
+from omnilab.serve.load import load_main
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "harvard.txt"  # package data
 DEFAULT_OUT = "omnilab-bench"  # results go to ./omnilab-bench/ unless --out names a directory
@@ -114,7 +120,7 @@ class BenchConfig:
         self.schedule()
 
     def schedule(self):
-        from omnilab.models.code2wav_stream import ChunkSchedule
+        from omnilab.models.code2wav_stream import ChunkSchedule  # lazy: torch
 
         if not self.chunks:
             return None
@@ -126,7 +132,7 @@ class BenchConfig:
 def checkpoint_for(cfg: BenchConfig) -> Path:
     if cfg.checkpoint:
         return Path(cfg.checkpoint)
-    from omnilab.checkpoint.random import default_checkpoint, make_random_checkpoint
+    from omnilab.checkpoint.random import default_checkpoint, make_random_checkpoint  # lazy: torch
 
     if cfg.size == "tiny" and cfg.variant == "custom_voice":
         return default_checkpoint()
@@ -142,7 +148,7 @@ def fidelity_checkpoint(cfg: BenchConfig, ckpt: Path) -> Path:
     same geometry, whose decisions have a trained model's margins (docs/quality.md#confident-random-checkpoints)."""
     if cfg.checkpoint:
         return Path(cfg.checkpoint)
-    from omnilab.checkpoint.random import cached_checkpoint
+    from omnilab.checkpoint.random import cached_checkpoint  # lazy: torch
     return cached_checkpoint(cfg.size, cfg.variant, 0, calibrated=True)
 
 
@@ -157,7 +163,7 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
     import pandas as pd
     import torch
 
-    from omnilab.pipeline import flush_denormals
+    from omnilab.pipeline import flush_denormals  # lazy: torch
 
     flush_denormals()
     ckpt = checkpoint_for(cfg)
@@ -181,7 +187,6 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
                   f"DRAM GEMV {bw['gbps']:.1f} GB/s; a frame reads {bpf['talker_bytes_per_frame'] / 1e9:.3f} GB "
              f"-> all-DRAM floor {meta['floor_dram_ms_per_frame']:.1f} ms/frame")
     if cfg.address:
-        from omnilab.bench.cluster import run_on_cluster
         rows, points, reqs, rounds = run_on_cluster(cfg, meta, cfg.address)
     elif cfg.mode == "fresh":
         rows, points, reqs, rounds = modes.run_fresh(cfg, ckpt, meta)
@@ -200,7 +205,6 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
             if isinstance(nbytes, float) and isinstance(ms, float) and ms > 0:
                 r[f"{part}_gbps"] = nbytes / (ms * 1e-3) / 1e9
     if not child:
-        from omnilab.bench.fidelity import add_fidelity
         add_fidelity(cfg, fidelity_checkpoint(cfg, ckpt), prompts, rows, meta)
         _reference(cfg, ckpt, rows, meta)
     base = rows[0].get("step_ms") if rows else None
@@ -213,13 +217,11 @@ def run_bench(cfg: BenchConfig, command: str = "", child: bool = False) -> Bench
 
 
 def _reference(cfg: BenchConfig, ckpt: Path, rows: list[dict], meta: dict) -> None:
-    from omnilab.bench import reference as ref
-
     if cfg.reference == "off" or (cfg.reference == "auto" and not ref.reference_available()):
         if cfg.reference == "auto":
             meta["notes"].append("reference: .venv-ref not found, skipped")
         return
-    from omnilab.checkpoint.worker_weights import release_memory
+    from omnilab.checkpoint.worker_weights import release_memory  # lazy: torch
 
     release_memory()  # the benched pipelines' freed pages, before a second process loads the model
     need, have = reference_memory(ckpt)
@@ -245,8 +247,6 @@ def reference_memory(ckpt: Path, meminfo: str | None = None) -> tuple[int, int]:
     """(bytes the official pipeline needs, bytes available now): 3 x the checkpoint's weight files (it loads them in
     fp32 from a bf16 file, with the file's copy while casting) + 2 GiB of runtime; MemAvailable within the cgroup
     (``meminfo``: that file's, for tests)."""
-    from omnilab.bench.memory import mem_available_bytes
-
     weights = sum(f.stat().st_size for f in Path(ckpt).rglob("*.safetensors"))
     return 3 * weights + 2 * 2**30, mem_available_bytes(meminfo)
 
@@ -263,8 +263,6 @@ path is the last line. Configurations: eager, vllm, vllm-workers, each with opti
 
 
 def parser() -> argparse.ArgumentParser:
-    from omnilab.cli.main import Formatter
-
     ap = argparse.ArgumentParser(prog="omnilab bench", formatter_class=Formatter, usage="omnilab bench [options]",
                                  description=DESCRIPTION, epilog=EXAMPLES)
     a = ap.add_argument
@@ -347,8 +345,6 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["--child"]:  # one configuration of a --fresh run: python -m omnilab.bench.run --child CFG OUT
         return _child_main(*argv[1:3])
     if any(x == "--server" or x.startswith("--server=") for x in argv):  # load a running omnilab serve instead
-        from omnilab.serve.load import load_main
-
         return load_main(argv)
     ap = parser()
     a = ap.parse_args(argv)

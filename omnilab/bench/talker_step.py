@@ -14,11 +14,14 @@ import time
 
 import torch
 
+from omnilab.kernels import use_gemv
+from omnilab.kernels.gemv import MODES
 from omnilab.stages.eager import EagerTalkerEngine
 from omnilab.models import tiny
 from omnilab.models.prompt import PromptRequest, build_prompt
 from omnilab.models.talker import Talker, init_random_
 from omnilab.sampling import SamplingParams
+from omnilab.tuning.hugepages import pack
 
 
 def build(size: str = "0b6", dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -92,8 +95,6 @@ def main(argv=None):
     ap.add_argument("--gemv", default="auto", help="comma-separated OMNILAB_CPU_GEMV modes, alternated in each "
                     "repeat (side by side on one model): e.g. auto,omnilab-avx2,torch")
     a = ap.parse_args(argv)
-    from omnilab.kernels import use_gemv
-    from omnilab.kernels.gemv import MODES
     modes = a.gemv.split(",")
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -109,7 +110,6 @@ def main(argv=None):
     for pg in pages:  # same seed: identical weights, placed differently
         cfg, models[pg] = build(a.size, dtype)
         if pg == "huge":
-            from omnilab.tuning.hugepages import pack
             pack(models[pg])
     t = models[pages[0]]
     build_s = time.perf_counter() - t0

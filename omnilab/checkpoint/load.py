@@ -36,10 +36,19 @@ import torch
 from torch import nn
 
 from omnilab import settings
+from omnilab.checkpoint.quantized import talker_view
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.config import GenerationDefaults, Qwen3TTSConfig, SpeechTokenizerConfig
 from omnilab.errors import CheckpointError, ConfigError
+from omnilab.instrument.progress import bar
+from omnilab.models.code2wav import Code2Wav
+from omnilab.models.mimi_encoder import MimiEncoder
+from omnilab.models.speaker_encoder import SpeakerEncoder
+from omnilab.models.talker import Talker
 from omnilab.tokenizer import TextTokenizer
+from omnilab.tuning.hugepages import hugepages_choice, plan_arena, talker_streamed_name
+from omnilab.tuning.storage import weight_storage_choice
+from omnilab.tuning.timing import auto_dtype, linear_paths
 
 __all__ = ["LoadedModel", "load_model", "resolve_checkpoint", "validate_checkpoint_dir", "resolve_dtype",
            "REQUIRED_FILES", "weight_files", "TensorIndex", "load_strict", "load_talker_from", "load_code2wav_from",
@@ -100,7 +109,6 @@ def resolve_dtype(dtype: Any = None) -> tuple[torch.dtype, str]:
     else:
         if (name := settings.env_dtype()) is not None:
             return _DTYPES[name], f"OMNILAB_DTYPE={settings.raw('OMNILAB_DTYPE').strip()}"
-    from omnilab.tuning.timing import auto_dtype
     name, why = auto_dtype()  # the planner's rule over this machine's timing (docs/kernels.md)
     return _DTYPES[name], f"auto: {why}"
 
@@ -266,8 +274,6 @@ def load_strict(factory: Callable[[], nn.Module], index: TensorIndex, prefix: st
         if mismatched:
             raise ConfigError(msg + ". Check that config.json / speech_tokenizer/config.json belong to these weights")
         raise CheckpointError(msg)
-    from omnilab.instrument.progress import bar
-    from omnilab.tuning.hugepages import plan_arena
 
     for k in [k for k in expected if quantize is not None and quantize.selects(k)]:
         quantize.install(module, k, index.read(present[k]))  # the parameter leaves the state dict
@@ -309,11 +315,6 @@ def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dt
     decode matrices and the text/codec tables (:data:`UPCAST_TABLES`) stay in the file's bf16 (weight_storage_choice);
     huge pages as :func:`streamed_selector` says. ``quantization`` (kept as ``talker.quantization``): decode matrices
     quantized at load, or a packed checkpoint's codes as stored (:func:`~omnilab.checkpoint.quantized.talker_view`)."""
-    from omnilab.checkpoint.quantized import talker_view
-    from omnilab.models.talker import Talker
-    from omnilab.tuning.storage import weight_storage_choice
-
-    from omnilab.tuning.timing import linear_paths
     linear_paths()  # bf16 decode rows / prefill GEMMs as measured here, resolved before any step (docs/kernels.md)
     storage, (index, quantization) = weight_storage_choice(dtype), talker_view(index, quantization, config)
     tables = UPCAST_TABLES if dtype == torch.float32 else frozenset()
@@ -330,7 +331,6 @@ def load_talker_from(index: TensorIndex, config: Qwen3TTSConfig, dtype: torch.dt
 
 def load_code2wav_from(index: TensorIndex, speech: SpeechTokenizerConfig, *, mmap: bool = True) -> nn.Module:
     """The fp32 ``Code2Wav`` decoder from ``decoder.*`` of the speech tokenizer's ``index``."""
-    from omnilab.models.code2wav import Code2Wav
     return load_strict(lambda: Code2Wav(speech.decoder), index, "decoder.", torch.float32,
                        "speech_tokenizer/model.safetensors (decoder)", mmap=mmap)
 
@@ -344,7 +344,6 @@ def _unclaimed(index: TensorIndex, prefixes: tuple[str, ...], file: str) -> None
 
 def streamed_selector() -> Callable[[str], bool] | None:
     """The talker matrices to place in huge pages, or None where :func:`hugepages_choice` says no."""
-    from omnilab.tuning.hugepages import hugepages_choice, talker_streamed_name
     return talker_streamed_name if hugepages_choice().enabled else None
 
 
@@ -385,7 +384,6 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
     talker = load_talker_from(main, config, compute, quantization=quantization) if load_talker else None
     speaker_encoder = None
     if want_spk:
-        from omnilab.models.speaker_encoder import SpeakerEncoder
         speaker_encoder = load_strict(lambda: SpeakerEncoder(config.speaker_encoder), main, "speaker_encoder.",
                                       torch.float32, "model.safetensors (speaker_encoder)")
     del main
@@ -395,7 +393,6 @@ def load_model(path_or_id: str | os.PathLike, dtype: Any = None, load_encoders: 
     code2wav = load_code2wav_from(codec, speech) if load_code2wav else None
     mimi_encoder = None
     if want_mimi:
-        from omnilab.models.mimi_encoder import MimiEncoder
         mimi_encoder = load_strict(lambda: MimiEncoder(speech.encoder, speech.encoder_valid_num_quantizers), codec,
                                    "encoder.", torch.float32, "speech_tokenizer/model.safetensors (encoder)")
     return LoadedModel(path=path, config=config, speech_config=speech, generation=generation, talker=talker,

@@ -35,9 +35,14 @@ from omnilab.checkpoint.configs import (
     modelscope_configuration_json, preprocessor_config_json, speech_preprocessor_config_json,
     speech_tokenizer_config_json,
 )
+from omnilab.checkpoint.load import meta_init
 from omnilab.config import VARIANTS, Code2WavConfig, Qwen3TTSConfig
 from omnilab.errors import CheckpointError, ConfigError
+from omnilab.instrument.progress import bar
+from omnilab.models import (code2wav as c2w_mod, mimi_encoder as mimi_mod, speaker_encoder as spk_mod,
+                            talker as talker_mod)
 from omnilab.paths import cache_dir, file_lock
+from omnilab.tokenizer import write_tokenizer_files
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +108,6 @@ def _build(factory: Callable[[], torch.nn.Module], init: Callable, seed: int, co
     """Construct, NaN-fill, ``init(module, generator)``, check. ``on_meta`` skips the default init:
     the module is built on the meta device and materialised uninitialised in ``dtype``."""
     if on_meta:
-        from omnilab.checkpoint.load import meta_init
-
         with meta_init():
             module = factory()
         module = module.to(dtype).to_empty(device="cpu")
@@ -256,10 +259,6 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
             for fidelity measurements (docs/quality.md#confident-random-checkpoints). False keeps the plain
             random weights (the parity goldens); a :class:`Calibration` sets the knobs.
     """
-    from omnilab.instrument.progress import bar
-    from omnilab.models import code2wav as c2w_mod, mimi_encoder as mimi_mod, talker as talker_mod
-    from omnilab.tokenizer import write_tokenizer_files
-
     if size not in CHECKPOINT_SIZES:
         raise ConfigError(f"checkpoint size {size!r}; accepted: {', '.join(CHECKPOINT_SIZES)}")
     if variant not in VARIANTS:
@@ -299,7 +298,6 @@ def make_random_checkpoint(path: str | Path, size: str = "tiny", variant: str = 
         tensors = list(_prefixed(talker, "talker."))
         spk = None
         if variant == "base":
-            from omnilab.models import speaker_encoder as spk_mod
             step("speaker encoder")
             spk = _build(lambda: spk_mod.SpeakerEncoder(cfg.speaker_encoder), spk_mod.init_random_, seed,
                          "speaker_encoder")

@@ -17,6 +17,8 @@ from typing import Any
 
 from torch import nn
 
+from omnilab.checkpoint.load import load_code2wav_from, load_talker_from
+from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.errors import CheckpointError
 
 
@@ -32,8 +34,6 @@ def release_memory() -> None:
 
 
 def _index(directory: Path, what: str):
-    from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
-
     files = weight_files(directory, "model")
     if not files:
         raise CheckpointError(f"{directory}: no {what}")
@@ -44,8 +44,6 @@ def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: Any, qua
     """The omnilab ``Talker`` (``cfg``: the checkpoint's ``Qwen3TTSConfig``) from ``model.safetensors``, as
     ``load_model`` loads it (dtype policy of :func:`omnilab.checkpoint.load.load_talker_from`, ``quantization``:
     the client's ``omnilab.kernels.quant.Quantization``, quantized at load the same way), without mmap."""
-    from omnilab.checkpoint.load import load_talker_from
-
     return load_talker_from(_index(Path(checkpoint), "model.safetensors"), cfg, dtype, mmap=False,
                             quantization=quantization)
 
@@ -53,7 +51,5 @@ def load_talker_weights(checkpoint: str | os.PathLike, cfg: Any, dtype: Any, qua
 def load_code2wav_weights(checkpoint: str | os.PathLike, speech: Any) -> nn.Module:
     """The fp32 ``Code2Wav`` (``speech``: the checkpoint's ``SpeechTokenizerConfig``) from
     ``speech_tokenizer/model.safetensors``, as ``load_model`` loads it, without mmap."""
-    from omnilab.checkpoint.load import load_code2wav_from
-
     return load_code2wav_from(_index(Path(checkpoint) / "speech_tokenizer", "speech_tokenizer/model.safetensors"),
                               speech, mmap=False)

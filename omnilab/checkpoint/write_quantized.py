@@ -31,15 +31,15 @@ from omnilab.checkpoint.random import _publish, write_safetensors
 from omnilab.checkpoint.tensor_index import TensorIndex, weight_files
 from omnilab.config import QUANT_RECIPES, parse_quantization
 from omnilab.errors import CheckpointError, ConfigError, InputError
+from omnilab.instrument.progress import bar
 from omnilab.kernels.quant import quantization_choice
+from omnilab.models.talker import Talker
 from omnilab.tuning.storage import talker_streamed_name
 
 
 def _unquantized_linears(config) -> list[str]:
     """Checkpoint names of the talker's Linear modules that stay dense (compressed-tensors' ``ignore``): the
     prompt-only text projection; every other talker Linear is a decode matrix."""
-    from omnilab.models.talker import Talker
-
     with meta_init():
         talker = Talker(config)
     return [f"talker.{n}" for n, m in talker.named_modules()
@@ -96,8 +96,6 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, method: 
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
         _copy_files(src, tmp, skip)
-        from omnilab.instrument.progress import bar
-
         tensors, quantized = [], set(names)
         for k in bar(sorted(index.where), desc=f"quantize {method}", unit="tensor", progress=progress):
             if k not in quantized:

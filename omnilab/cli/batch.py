@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 
+from omnilab.batch.run import synthesize
+from omnilab.cli.main import Formatter
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
 
 def batch_main(argv: list[str] | None = None) -> int:
-    from omnilab.cli.main import Formatter
-
     ap = argparse.ArgumentParser(prog="omnilab batch", formatter_class=Formatter, description=(
         "Synthesize a manifest (CSV / JSONL / Parquet: id, text, speaker / instruct / ref_audio, language, generation "
         "settings) to OUT/wav/<id>.wav and OUT/metrics.parquet, one Pipeline per Ray actor (one per NUMA node of "
@@ -40,8 +40,6 @@ def batch_main(argv: list[str] | None = None) -> int:
     add_verbosity(ap)
     args = ap.parse_args(argv)
     apply_verbosity(args)
-
-    from omnilab.batch.run import synthesize
 
     profile = None if args.deploy_profile.lower() == "none" else args.deploy_profile
     rep = synthesize(args.manifest, args.model, args.out, address=args.address, backend=args.backend,

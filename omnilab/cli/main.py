@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from omnilab import __version__
 from omnilab.errors import OmnilabError
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
@@ -92,8 +93,8 @@ def synth_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     apply_verbosity(args)
 
-    from omnilab.instrument.hooks import ProgressHook
-    from omnilab.pipeline import Pipeline
+    from omnilab.instrument.hooks import ProgressHook  # lazy: numpy
+    from omnilab.pipeline import Pipeline  # lazy: torch
 
     max_new = args.max_new_tokens
     if max_new is None and args.model is None:
@@ -112,7 +113,7 @@ def synth_main(argv: list[str] | None = None) -> int:
         if args.greedy:
             kw.update(do_sample=False, subtalker_do_sample=False)
         if args.stream:
-            from omnilab.results import SynthesisResult
+            from omnilab.results import SynthesisResult  # lazy: numpy
 
             res = SynthesisResult.from_chunks(pipe.stream(args.text, **kw), text=args.text)
         else:
@@ -153,7 +154,7 @@ def make_checkpoint_main(argv: list[str] | None = None) -> int:
     add_verbosity(ap)
     args = ap.parse_args(argv)
     apply_verbosity(args)
-    from omnilab.checkpoint.random import make_random_checkpoint
+    from omnilab.checkpoint.random import make_random_checkpoint  # lazy: torch
 
     p = make_random_checkpoint(args.path, size=args.size, variant=args.variant, seed=args.seed,
                                overwrite=args.overwrite, progress=_progress(args), calibrated=args.calibrated)
@@ -186,8 +187,6 @@ COMMANDS = {
 
 def parser() -> argparse.ArgumentParser:
     """The top-level parser: global options and the command list (each command parses the rest itself)."""
-    from omnilab import __version__
-
     ap = argparse.ArgumentParser(prog="omnilab", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="Qwen3-TTS 12 Hz on CPUs: synthesize, inspect checkpoints, plan deployments "
                                              "and benchmark.",

@@ -12,13 +12,15 @@ import sys
 import warnings
 from typing import Sequence
 
+from omnilab.cli.main import Formatter
 from omnilab.errors import OmnilabError
 from omnilab.hardware import kernel_isas, probe_hardware, snapshot_hardware
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
+from omnilab.profiles.overrides import env_help
+from omnilab.profiles.resolve import list_presets, resolve_profile
 
 
 def probe_main(argv: Sequence[str] | None = None) -> int:
-    from omnilab.cli.main import Formatter
     ap = argparse.ArgumentParser(prog="omnilab probe", formatter_class=Formatter, description="Describe this machine's "
                                  "CPUs, NUMA layout, cgroup limits and memory, as the deploy planner sees them.")
     ap.add_argument("--root", default="/", help="filesystem root or a .json snapshot to probe")
@@ -55,9 +57,6 @@ def _overrides(items: Sequence[str]) -> dict[str, str]:
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:
-    from omnilab.profiles.resolve import list_presets
-    from omnilab.profiles.overrides import env_help
-    from omnilab.cli.main import Formatter
     ap = argparse.ArgumentParser(
         prog="omnilab plan", formatter_class=Formatter,
         description="Plan threads, CPU lists, KV budget, dtype and chunking for the talker and code2wav stages.",
@@ -87,7 +86,6 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         warnings.warn("omnilab plan --profile is deprecated; use --deploy-profile, as the other commands do",
                       FutureWarning, stacklevel=1)
         args.deploy_profile = args.legacy_profile
-    from omnilab.profiles.resolve import resolve_profile
     try:
         kwargs = {k: v for k, v in (("max_concurrency", args.max_concurrency),
                                     ("max_model_len", args.max_model_len)) if v is not None}
@@ -121,7 +119,7 @@ def _path_times(overrides: dict) -> object:
     if "dtype" in overrides:
         return None
     try:
-        from omnilab.tuning.timing import path_times
+        from omnilab.tuning.timing import path_times  # lazy: torch
     except ImportError:  # the core install (no torch): the ISA rule
         return None
     return path_times()

@@ -9,11 +9,11 @@ import argparse
 import json
 from typing import Sequence
 
+from omnilab.cli.main import Formatter
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 
 
 def quantize_main(argv: Sequence[str] | None = None) -> int:
-    from omnilab.cli.main import Formatter
     ap = argparse.ArgumentParser(prog="omnilab quantize", formatter_class=Formatter, description="Write a quantized copy of a checkpoint: the "
                                  "talker's decode matrices in compressed-tensors pack-quantized format (W8A16 per "
                                  "output channel, W4A16 group-wise); every other file copied unchanged.")
@@ -30,13 +30,13 @@ def quantize_main(argv: Sequence[str] | None = None) -> int:
     add_verbosity(ap)
     args = ap.parse_args(argv)
     apply_verbosity(args)
-    from omnilab.checkpoint.quantized import read_scheme
-    from omnilab.checkpoint.write_quantized import quantize_checkpoint
+    from omnilab.checkpoint.quantized import read_scheme  # lazy: torch
+    from omnilab.checkpoint.write_quantized import quantize_checkpoint  # lazy: torch
 
     dst = quantize_checkpoint(args.src, args.dst, args.method, args.group_size, overwrite=args.overwrite,
                               progress=False if args.no_progress else None)
     scheme = read_scheme(dst)
-    from omnilab.checkpoint.load import resolve_checkpoint
+    from omnilab.checkpoint.load import resolve_checkpoint  # lazy: torch
 
     src = resolve_checkpoint(args.src)
     print(json.dumps({"path": str(dst), "method": scheme.method, "group_size": scheme.group_size,

@@ -64,7 +64,7 @@ def run(config: ServeConfig) -> None:
     ``drain_timeout_s``), close the pipeline (its workers exit with it) and return."""
     import uvicorn
 
-    from omnilab.serve.app import create_app
+    from omnilab.serve.app import create_app  # lazy: fastapi
 
     class Server(uvicorn.Server):
         """SIGTERM is the ordinary way to stop a service: after the drain the process exits with status 0

@@ -5,13 +5,12 @@ import argparse
 import json
 from typing import Sequence
 
+from omnilab.cli.main import Formatter
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
 from omnilab.settings import current
 
 
 def settings_main(argv: Sequence[str] | None = None) -> int:
-    from omnilab.cli.main import Formatter
-
     ap = argparse.ArgumentParser(prog="omnilab settings", formatter_class=Formatter,
                                  description="Print every OMNILAB_* environment variable: its value here, where the "
                                              "value comes from (env or default), what it accepts and means. "

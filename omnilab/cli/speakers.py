@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from omnilab.cli.main import Formatter
 from omnilab.config import Qwen3TTSConfig
 from omnilab.errors import CheckpointError
 from omnilab.logs import add_arguments as add_verbosity, apply_arguments as apply_verbosity
@@ -41,8 +42,6 @@ def describe(path: str | Path) -> dict[str, Any]:
 
 
 def speakers_main(argv: Sequence[str] | None = None) -> int:
-    from omnilab.cli.main import Formatter
-
     ap = argparse.ArgumentParser(prog="omnilab speakers", formatter_class=Formatter,
                                  description="List a checkpoint's speakers and languages (from its config.json) and say "
                                              "how its variant chooses a voice.")
@@ -53,12 +52,12 @@ def speakers_main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     apply_verbosity(args)
     if args.model is None:
-        from omnilab.checkpoint.random import default_checkpoint
+        from omnilab.checkpoint.random import default_checkpoint  # lazy: torch
         path: Path = default_checkpoint()
     elif Path(args.model).expanduser().is_dir():
         path = Path(args.model)
     else:  # a hub id (or a path that is not there: the resolver says so)
-        from omnilab.checkpoint.load import resolve_checkpoint
+        from omnilab.checkpoint.load import resolve_checkpoint  # lazy: torch
         path = resolve_checkpoint(args.model)
     d = describe(path)
     if args.json:

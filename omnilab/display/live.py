@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from omnilab.display.plots import plot_playback, plot_waveform, wav_bytes
+from omnilab.results import SynthesisResult
+
 _ESM = Path(__file__).with_name("live_player.js")
 _WIDGET_CLASS = None
 
@@ -96,8 +99,6 @@ class LivePlayer:
 
         import matplotlib.pyplot as plt
 
-        from omnilab.display.plots import plot_playback, plot_waveform
-
         fig, axes = plt.subplots(1, 2, figsize=(8, 2.4), layout="constrained")
         plot_playback(self.chunks if result is None or result.trace is None else result, axes[0])
         plot_waveform((self.audio, self.sample_rate), axes[1])
@@ -127,8 +128,6 @@ class LivePlayer:
 
         from IPython.display import HTML
 
-        from omnilab.display.plots import wav_bytes
-
         wav = base64.b64encode(wav_bytes(self.audio, self.sample_rate, self.normalize)).decode("ascii")
         img = (f"<img alt='stream plot' style='max-width:640px' src='data:image/png;base64,"
                f"{base64.b64encode(self.plot_png).decode('ascii')}'/>" if self.plot_png else "")
@@ -152,8 +151,6 @@ def live_stream(pipe: Any, text: str, *, title: str | None = None, normalize: bo
     """Stream ``text`` through ``pipe`` into a :class:`LivePlayer` shown in the notebook, then show the static
     player of the final audio under it; returns the joined ``SynthesisResult`` (with the request's trace).
     ``kwargs`` go to ``pipe.stream``."""
-    from omnilab.results import SynthesisResult
-
     player = LivePlayer(title=title if title is not None else text[:60], normalize=normalize, plot=plot)
     shown = display_panel and player.widget is not None
     if shown:

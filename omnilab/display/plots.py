@@ -14,7 +14,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from omnilab.config import SAMPLE_RATE
-from omnilab.instrument.trace import PHASES
+from omnilab.instrument.export import cpu_by_stage
+from omnilab.instrument.trace import PHASES, playback_start_ms
 
 STAGE_COLORS = {"client": "tab:gray", "talker": "tab:blue", "code2wav": "tab:orange"}
 SPAN_COLORS = {"admission": "tab:gray", "hop": "tab:red", "consumer": "lightgray", "step": "tab:blue",
@@ -143,8 +144,6 @@ def plot_cpu_share(trace: Any, ax=None, by: str = "thread", top: int = 12):
     """CPU time (solid) and run-queue wait (hatched) per thread (``by="thread"``) or per stage the
     sampled process was running (``by="stage"``); see ``omnilab.instrument.export.cpu_by_stage``. The
     ``top`` busiest rows are shown, the rest summed into one."""
-    from omnilab.instrument.export import cpu_by_stage
-
     trace = _trace(trace)
     df = cpu_by_stage(trace)
     ax = _axes(ax, (8, 1.0 + 0.3 * min(len(df) if by == "thread" else 4, top + 1)))
@@ -195,7 +194,6 @@ def plot_playback(x: Any, ax=None):
         audio = [float(s.attrs.get("audio_ms", 0.0)) for s in dl]
     if not arrival:
         return ax
-    from omnilab.instrument.trace import playback_start_ms
 
     have = np.cumsum(audio)
     ax.step([0.0] + arrival, [0.0] + list(have), where="post", label="audio delivered")

@@ -18,6 +18,8 @@ import contextlib
 import threading
 from typing import Any, Callable, Iterator
 
+from omnilab.instrument.progress import bar
+from omnilab.instrument.sampler import ThreadSampler
 from omnilab.instrument.trace import PHASES, Span, Trace
 
 _SAMPLE_KEYS = ("spans", "thread_samples", "core_samples", "process_samples")
@@ -214,8 +216,6 @@ class ThreadUsageHook(Hook):
     """
 
     def __init__(self, interval_s: float = 0.05, processes: dict[int, str] | None = None, cores: bool = True):
-        from omnilab.instrument.sampler import ThreadSampler
-
         self.sampler = ThreadSampler(interval_s=interval_s, cores=cores)
         for pid, role in (processes or {}).items():
             self.sampler.add_process(pid, role)
@@ -283,8 +283,6 @@ class ProgressHook(Hook):
 
     def start(self) -> None:
         if self.bar is None:
-            from omnilab.instrument.progress import bar
-
             self.bar = bar(total=self.total, desc=self.desc, unit="frame", progress=self.progress)
 
     def stop(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from omnilab import settings
 from omnilab.errors import InputError
+from omnilab.logs import verbosity
 
 ENV = "OMNILAB_PROGRESS"
 DELAY_S = 0.5  # a bar appears only for work longer than this (tqdm's delay=)
@@ -44,7 +45,6 @@ def progress_enabled(progress: bool | None = None) -> bool | None:
         return False
     if raw:
         raise InputError(f"{ENV}={given!r}; accepted: 1/on/true, 0/off/false")
-    from omnilab.logs import verbosity
 
     if verbosity() == "error" or multiprocessing.parent_process() is not None:
         return False

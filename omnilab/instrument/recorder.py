@@ -19,12 +19,10 @@ import math
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Iterator
+from typing import Any, Hashable, Iterable, Iterator
 
+from omnilab.instrument.hooks import Hooks
 from omnilab.instrument.trace import SPAN_STAGES, Span, Trace
-
-if TYPE_CHECKING:
-    from omnilab.instrument.hooks import Hooks
 
 
 class _Open:
@@ -48,8 +46,6 @@ class Recorder:
 
     def __init__(self, hooks: Hooks | None = None, meta: dict | None = None):
         if hooks is None:
-            from omnilab.instrument.hooks import Hooks
-
             hooks = Hooks()
         self.hooks = hooks
         self.meta = dict(meta or {})

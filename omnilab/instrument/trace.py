@@ -22,6 +22,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from omnilab.html_tables import key_value_table
+from omnilab.instrument.export import chrome_trace_events
+from omnilab.instrument.tables import read_trace, write_trace
+
 # span name -> stage it belongs to. "step" wraps one talker step (its prefill and phases are children).
 SPAN_STAGES = {
     "request": "client", "admission": "client", "hop": "client", "deliver": "client", "consumer": "client",
@@ -332,22 +336,16 @@ class Trace:
     def to_csv(self, directory: str | os.PathLike, prefix: str = "trace") -> list[Path]:
         """Write ``<prefix>_spans.csv`` and, when sampled, ``_threads/_cores/_processes.csv``; each starts with
         ``# key: <json>`` lines of ``meta`` (``omnilab.instrument.tables``; :meth:`read_tables` reads them back)."""
-        from omnilab.instrument.tables import write_trace
-
         return write_trace(self, directory, prefix, "csv")
 
     def to_parquet(self, directory: str | os.PathLike, prefix: str = "trace") -> list[Path]:
         """Same files as :meth:`to_csv` in Parquet, ``meta`` under the schema metadata key ``omnilab`` (needs
         ``pyarrow``)."""
-        from omnilab.instrument.tables import write_trace
-
         return write_trace(self, directory, prefix, "parquet")
 
     @classmethod
     def read_tables(cls, directory: str | os.PathLike, prefix: str = "trace") -> "Trace":
         """The trace :meth:`to_csv` or :meth:`to_parquet` wrote, with its ``meta``."""
-        from omnilab.instrument.tables import read_trace
-
         return cls.from_dict(read_trace(directory, prefix))
 
     def to_dict(self) -> dict[str, Any]:
@@ -366,8 +364,6 @@ class Trace:
         ``deliver`` as instants, each request as an async ``b``/``e`` track, thread CPU and per-core
         utilisation as ``C`` counters. ``ts``/``dur`` in microseconds since ``t0_s``, whole nanoseconds, ``dur``
         from the rounded end; on a track complete events nest or do not touch (rules: ``instrument.export``)."""
-        from omnilab.instrument.export import chrome_trace_events
-
         return {"traceEvents": chrome_trace_events(self), "displayTimeUnit": "ms",
                 "otherData": {k: str(v) for k, v in self.meta.items()}}
 
@@ -392,7 +388,6 @@ class Trace:
                 f"thread_samples={s['thread_samples']})")
 
     def _repr_html_(self) -> str:
-        from omnilab.html_tables import key_value_table
         body = ""
         if self.request_ids:
             cols = ["request_id", "frames", "ttfa_ms", "playback_start_ms", "stall_ms", "rtf", "x_realtime",

@@ -25,8 +25,12 @@ compute layer: never ``models``, ``checkpoint``, ``stages``, ``profiles``, or ``
 from dataclasses import dataclass
 from typing import Any
 
+from omnilab.kernels.attention import attention_choice
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
 from omnilab.kernels.gemv import MODES, GemvChoice, gemv_choice, gemv_rows, linear, use_gemv
+from omnilab.kernels.norm import norm_choice
+from omnilab.kernels.snake import snake_choice
+from omnilab.kernels.stack import stack_choice
 
 __all__ = ["GemvChoice", "KernelBuildError", "KernelRow", "MODES", "build_library", "gemv_choice", "gemv_rows",
            "kernel_choices", "linear", "select_isa", "use_gemv"]
@@ -45,14 +49,10 @@ def kernel_choices(compute: Any) -> tuple[KernelRow, ...]:
     """This process's kernel choices for a talker computing in ``compute`` (a torch dtype), each resolved (and its
     kernel built) now: the one list ``pipe.deployment`` and ``python -m omnilab.kernels`` show, so they agree. A bad
     ``OMNILAB_CPU_*`` (or other kernel) variable raises here, before any model loads or worker starts."""
-    from omnilab.kernels.attention import attention_choice
-    from omnilab.kernels.norm import norm_choice
-    from omnilab.kernels.snake import snake_choice
-    from omnilab.kernels.stack import stack_choice
-    from omnilab.tuning.code2wav_conv import conv_choice
-    from omnilab.tuning.hugepages import hugepages_choice
-    from omnilab.tuning.storage import weight_storage_choice
-    from omnilab.tuning.timing import linear_paths
+    from omnilab.tuning.code2wav_conv import conv_choice  # cycle: omnilab.tuning
+    from omnilab.tuning.hugepages import hugepages_choice  # cycle: omnilab.tuning
+    from omnilab.tuning.storage import weight_storage_choice  # cycle: omnilab.tuning
+    from omnilab.tuning.timing import linear_paths  # cycle: omnilab.tuning
 
     return (KernelRow("gemv", "decode linears", gemv_choice()),
             KernelRow("weights", "decode weights", weight_storage_choice(compute)),

@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from omnilab.kernels.choice import KERNEL_MODES, KernelChoice, KernelLib, KernelSlot, resolve_simple
+from omnilab.kernels.trust import symbol
 
 ENV = "OMNILAB_CPU_ATTN"
 MODES = KERNEL_MODES
@@ -41,8 +42,6 @@ PAGED_ARGTYPES = [_P, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int64, _P] + 
 
 
 def _Lib(path) -> KernelLib:  # noqa: N802  (the kernel tests build one per ISA: tests/_kernel_common.py)
-    from omnilab.kernels.trust import symbol
-
     lib = KernelLib(path, "omnilab_decode_attn", "omnilab_attn_isa", ARGTYPES)
     lib.paged = symbol(lib.lib, "omnilab_paged_attn", path)  # over vLLM's paged "vec" cache (attn.cpp)
     lib.paged.argtypes = PAGED_ARGTYPES

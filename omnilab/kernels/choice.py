@@ -18,6 +18,7 @@ from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.hardware import cpu_flags
 from omnilab.kernels.build import KernelBuildError, build_library, select_isa
+from omnilab.kernels.trust import open_library, symbol
 
 KERNEL_MODES = ("auto", "omnilab", "omnilab-avx512", "omnilab-avx2", "torch")
 
@@ -136,8 +137,6 @@ class KernelLib:
     """A built library with one entry point ``fn`` (its ``argtypes``, returning int) and ``<prefix>_isa``."""
 
     def __init__(self, path: Path, entry: str, isa_symbol: str, argtypes: list):
-        from omnilab.kernels.trust import open_library, symbol
-
         self.path = Path(path)
         self.lib = open_library(self.path)  # checked first (kernels/trust.py); a missing symbol: KernelBuildError
         self.fn = symbol(self.lib, entry, path)

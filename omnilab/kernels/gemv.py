@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from omnilab.kernels.choice import KERNEL_MODES, KernelSlot, resolve_kernel
+from omnilab.kernels.qgemv import qlinear
 from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight
 from omnilab.kernels.trust import open_library, symbol
 
@@ -176,7 +177,6 @@ def fp32_kernel_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def _quantized(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    from omnilab.kernels.qgemv import qlinear
     y = qlinear(x, weight, bias, weight.activations or AUTO_ACTIVATIONS[weight.method])
     return y if y.dtype == x.dtype else y.to(x.dtype)
 

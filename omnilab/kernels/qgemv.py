@@ -124,7 +124,7 @@ def resolve(env: str | None = None, flags: frozenset[str] | None = None) -> tupl
                                          "(fp32 activations) or its int8-activation reference", env, flags)
     if lib is None:
         return QgemvChoice("torch", None, None, reason + note, source), None
-    from omnilab.tuning.prefetch import SLOTS, resolve as resolve_prefetch
+    from omnilab.tuning.prefetch import SLOTS, resolve as resolve_prefetch  # cycle: omnilab.tuning
 
     pf = resolve_prefetch(lib)
     dots = "vpdpbusd / vpdpwssd" if lib.isa == "avx512" else "vpmaddubsw / vpmaddwd"

@@ -33,11 +33,13 @@ from torch import nn
 
 from omnilab.config import Code2WavConfig
 from omnilab.errors import InputError
+from omnilab.kernels import gemv
 from omnilab.models.code2wav_layers import (
     CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, DecoderBlock, DecoderTransformer, EuclideanCodebook,
     LayerScale, ResidualUnit, SnakeBeta, SplitResidualVQ, StatefulModule, set_direct_min_samples,
 )
 from omnilab.models.code2wav_stream import ChunkSchedule, Code2WavState, decode_chunks
+from omnilab.tuning.code2wav_conv import Code2WavConv, conv_choice
 
 __all__ = ["Code2Wav", "Code2WavState", "ChunkSchedule", "init_random_"]
 
@@ -223,8 +225,6 @@ class Code2Wav(nn.Module):
         (``"auto"``, ``"taps"``, ``"direct"``) or None (``OMNILAB_CODE2WAV_CONV``'s): oneDNN's direct conv from
         ``choice.min_samples`` input samples, per-tap GEMMs below (the GEMV kernel for at most 8 outputs;
         docs/kernels.md#code2wav-convolutions). ``conv_path`` says which is set."""
-        from omnilab.tuning.code2wav_conv import Code2WavConv, conv_choice
-
         if choice is None or isinstance(choice, str):
             choice = conv_choice(env=choice)  # a mode name: as OMNILAB_CODE2WAV_CONV (ConfigError naming the modes)
         elif not isinstance(choice, Code2WavConv):
@@ -249,7 +249,6 @@ class Code2Wav(nn.Module):
                 m.table()
             elif isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
                 m.taps() if m.conv.weight.dtype == torch.float32 else m.fused()
-        from omnilab.kernels import gemv
         gemv.loaded_library()  # the short convs' kernel (conv_paths.py): loaded now, not in a stream's first chunk
         return self
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from omnilab.kernels.snake import snake_beta
 from omnilab.models.conv_paths import conv1d_fused, conv1d_taps, linear_rows
-from omnilab.models.layers import RMSNorm, SwiGLU, apply_rope
+from omnilab.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
 from omnilab.tuning.code2wav_conv import NEVER
 
 
@@ -310,7 +310,6 @@ class DecoderTransformer(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        from omnilab.models.layers import RotaryEmbedding
         self.window = cfg.sliding_window
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

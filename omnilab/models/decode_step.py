@@ -30,6 +30,7 @@ from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.kernels import attention as attn_k
 from omnilab.kernels import gemv, norm as norm_k, qgemv, stack as stack_k
+from omnilab.kernels.gemv import _paths
 from omnilab.kernels.quant import AUTO_ACTIVATIONS, QuantizedWeight
 from omnilab.tuning import fuse
 
@@ -204,7 +205,6 @@ def _torch_bf16_linears(dtype: torch.dtype, plans) -> bool:
     torch over the kernel): then the one-call stack, whose matrices go through the kernel, is not the same calls."""
     if dtype != torch.bfloat16 or not any(p["bf16_weights"] for p in plans):
         return False
-    from omnilab.kernels.gemv import _paths
     return _paths().bf16_decode != "kernel"
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 from omnilab import settings
 from omnilab.config import DEFAULT_INT4_GROUP_SIZE, QUANT_RECIPES, parse_quantization, stored_quantization
 from omnilab.errors import ConfigError
+from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
 
 BLOCK_SIZE = 128  # KV block size in tokens: vLLM CPU default (a multiple of 32 for its CPU attention)
 # Head sizes vLLM's CPU attention supports (vllm/v1/attention/backends/cpu_attn.py,
@@ -221,7 +222,6 @@ def code2wav_dtype_for(hw: "HardwareInfo", asked: str, env=None, times=None) -> 
     """What code2wav will compute in under the profile's dtype (``asked``: the dtype field when set, else ""), by
     the rule ``tuning.code2wav_dtype`` applies (``OMNILAB_CODE2WAV_DTYPE`` from ``env``, default os.environ;
     ``times``: this machine's code2wav timing, ``tuning.code2wav_timing``; None: the ISA prior)."""
-    from omnilab.profiles.timing import CODE2WAV_ENV, code2wav_dtype_rule
     raw = (settings.raw(CODE2WAV_ENV, env) or "auto").strip().lower()
     if raw not in ("auto", "float32", "bfloat16"):
         raw = "auto"  # code2wav's own choice names the bad value when the pipeline starts

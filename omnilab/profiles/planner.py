@@ -29,6 +29,7 @@ from omnilab.profiles.quantization import quantization_field
 from omnilab.profiles.profile import DeployProfile, Resolved
 import omnilab.profiles.tensor_parallel as tp_estimate
 from omnilab.profiles.pools import reserve
+from omnilab.profiles.timing import dtype_from_times
 
 EASY_SHARE = 0.5  # a shared layout this far under real time is kept (one process) even where a split is faster
 # a split with no CPU free for vLLM's engine core and the client; measured x1.37-1.47 (docs/profiles.md, placement)
@@ -148,7 +149,6 @@ def _set(src: str, extra: str = "") -> str:
 
 # ---------------------------------------------------------------- dtype
 def _dtype(hw: HardwareInfo, ov: Overrides, times: Any = None) -> Resolved[str]:
-    from omnilab.profiles.timing import dtype_from_times
     native, why = hw.native_bf16()
     o = ov.get("dtype")
     if o:

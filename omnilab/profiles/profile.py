@@ -28,6 +28,7 @@ from omnilab.html_tables import html_table
 from omnilab.profiles.cost import BLOCK_SIZE, StreamEstimate, chunk_schedule
 from omnilab.profiles.deploy_yaml import profile_fields_from_yaml, profile_to_yaml
 from omnilab.profiles.resolved import Resolved
+from omnilab.profiles.tensor_parallel import shared_node_warning
 
 if TYPE_CHECKING:
     from omnilab.hardware import HardwareInfo
@@ -226,7 +227,6 @@ class DeployProfile:
                 warnings.append(f"{what} CPU list {format_cpulist(cpus)} holds SMT siblings {format_cpulist(pairs)}")
         ranks = self.talker_cpus.value
         if len(ranks) > 1 and len({hardware.node_of(r[0]) for r in ranks}) < len(ranks):
-            from omnilab.profiles.tensor_parallel import shared_node_warning
             warnings.append(shared_node_warning(len(ranks), sorted({hardware.node_of(r[0]) for r in ranks})))
         distinct = len({c for r in self.talker_cpus.value for c in r} | set(self.code2wav_cpus.value))
         if distinct > hardware.cpu_limit:

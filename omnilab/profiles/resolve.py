@@ -15,6 +15,7 @@ from omnilab.errors import ConfigError
 from omnilab.hardware import probe_hardware
 from omnilab.profiles.deploy_yaml import is_complete, doc_notes, load_yaml_doc, values_from_doc
 from omnilab.profiles.overrides import Overrides
+from omnilab.profiles.planner import plan
 from omnilab.profiles.profile import DeployProfile
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -37,7 +38,6 @@ def resolve_profile(spec: Any = "auto", *, hardware=None, model_config=None, env
     ``DeployProfile``. A complete file with no ``OMNILAB_*`` variable set loads as written; otherwise its
     values become planner defaults. The result is checked against ``hardware`` (probed if None).
     """
-    from omnilab.profiles.planner import plan
     hw = hardware or probe_hardware()
     env = os.environ if env is None else env
     if isinstance(spec, DeployProfile):

@@ -25,6 +25,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from omnilab.html_tables import html_table, key_value_table
+
 __all__ = ["COLUMNS", "QualityReport", "wilson_interval"]
 
 COLUMNS = ("request", "text", "frames", "c0_agreement", "c0_kl_mean", "c0_kl_max", "cp_agreement",
@@ -100,8 +102,6 @@ class QualityReport:
                 f"wave SNR {_fmt(s['wave_snr_db'])} dB; ref={self.ref}, test={self.test})")
 
     def _repr_html_(self) -> str:
-        from omnilab.html_tables import html_table, key_value_table
-
         s = {k: _fmt(v) for k, v in self.summary().items()}
         head = {"reference": self.ref, "test": self.test, "codebook-0 scores": self.c0_scores, **s,
                 **{f"{k} s": f"{v:.2f}" for k, v in self.seconds.items()}}

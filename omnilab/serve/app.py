@@ -17,9 +17,11 @@ from omnilab.errors import InputError
 from omnilab.serve.config import ServeConfig
 from omnilab.serve.engine import Engine
 from omnilab.serve.metrics import CONTENT_TYPE_LATEST
+from omnilab.serve.page import PAGE_HTML
 from omnilab.serve.responses import SpeechResponse, error_body
 from omnilab.serve.speech import ApiError, SpeechContext, parse_speech, read_audio_bytes
 from omnilab.serve.voices import VoiceStore
+from omnilab.serve.ws import serve_ws
 
 log = logging.getLogger("omnilab.serve")
 OPEN_PATHS = ("/health",)
@@ -182,14 +184,10 @@ def create_app(config: ServeConfig, engine: Engine | None = None) -> FastAPI:
 
     @app.websocket("/v1/audio/speech/stream")
     async def speech_ws(ws: WebSocket):
-        from omnilab.serve.ws import serve_ws
-
         await serve_ws(ws, engine, state["ctx"], config)
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
-        from omnilab.serve.page import PAGE_HTML
-
         return HTMLResponse(PAGE_HTML)
 
     state["t0"] = time.time()
@@ -209,7 +207,7 @@ def _model_names(config: ServeConfig, engine: Engine) -> tuple[str, ...]:
 
 def _clip_24k(wav, sr: int):
     """The pipeline's own reference-audio reader: mono mix, finite check, resampling to 24 kHz."""
-    from omnilab.audio import load_audio
+    from omnilab.audio import load_audio  # lazy: torch
 
     try:
         return load_audio(wav, sr=sr)

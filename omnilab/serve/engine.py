@@ -145,7 +145,7 @@ class Engine:
     # ---- lifetime ---------------------------------------------------------------------------------
     def start(self) -> None:
         """Build the pipeline (blocking: tens of seconds for vLLM on a small machine)."""
-        from omnilab.pipeline import Pipeline
+        from omnilab.pipeline import Pipeline  # lazy: torch
 
         c = self.config
         profile = None if (c.deploy_profile or "").lower() == "none" else c.deploy_profile
@@ -235,7 +235,7 @@ class Engine:
         return stream
 
     def _start_stream(self, req: SpeechRequest, rid: str):
-        from omnilab.models.code2wav_stream import ChunkSchedule
+        from omnilab.models.code2wav_stream import ChunkSchedule  # lazy: torch
 
         sched = None
         if req.initial_chunk_frames is not None:

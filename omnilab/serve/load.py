@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from omnilab import settings
+from omnilab.cli.main import Formatter
 from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME as FRAME_SAMPLES
 
 
 def load_parser() -> argparse.ArgumentParser:
-    from omnilab.cli.main import Formatter
-
     ap = argparse.ArgumentParser(prog="omnilab bench --server", formatter_class=Formatter,
                                  description="Load a running omnilab serve: concurrent streamed requests per level, "
                                              "TTFA p50/p95, RTF, frames/s and errors per level (JSON + table).")

@@ -273,7 +273,7 @@ def to_rate(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     """24 kHz float32 -> ``sample_rate`` (8000 through the project's soxr resampler)."""
     if sample_rate == SAMPLE_RATE or not len(audio):
         return audio
-    from omnilab.audio import resample
+    from omnilab.audio import resample  # lazy: torch
 
     return resample(audio, SAMPLE_RATE, sample_rate)
 

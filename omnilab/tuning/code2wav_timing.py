@@ -24,6 +24,10 @@ from torch import nn
 from omnilab import settings
 from omnilab.hardware import cpu_has_native_bf16
 from omnilab.paths import cache_dir
+from omnilab.profiles.timing import asks_fp32
+from omnilab.tuning.code2wav_conv import conv_choice
+from omnilab.tuning.code2wav_dtype import ENV, code2wav_dtype_choice
+from omnilab.tuning.timing_key import _key, _schedstat, cached, timing_mode
 
 BLOCK_FRAMES = 10
 ROUNDS = 2
@@ -33,8 +37,8 @@ DECODER_DIM, UPSAMPLE_RATES, INPUT_RATE = 1536, (8, 5, 4, 3), 4
 
 def _blocks(decoder_dim: int = DECODER_DIM, rates: tuple[int, ...] = UPSAMPLE_RATES):
     """The conv decoder blocks with small random weights and zero streaming state: (blocks, state dict)."""
-    from omnilab.models.code2wav_layers import DecoderBlock, StatefulModule, set_direct_min_samples
-    from omnilab.tuning.code2wav_conv import conv_choice
+    from omnilab.models.code2wav_layers import (DecoderBlock, StatefulModule,  # cycle: omnilab.models
+                                                set_direct_min_samples)
 
     dims = [decoder_dim // 2 ** i for i in range(len(rates) + 1)]
     blocks = nn.ModuleList(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(rates)).requires_grad_(False)
@@ -51,7 +55,7 @@ def _blocks(decoder_dim: int = DECODER_DIM, rates: tuple[int, ...] = UPSAMPLE_RA
 
 
 def _set_dtype(blocks: nn.Module, dtype: torch.dtype) -> None:
-    from omnilab.models.code2wav_layers import CausalConv1d, CausalConvTranspose1d
+    from omnilab.models.code2wav_layers import CausalConv1d, CausalConvTranspose1d  # cycle: omnilab.models
 
     for m in blocks.modules():  # what Code2Wav.set_compute_dtype does to the decoder blocks
         if isinstance(m, (CausalConv1d, CausalConvTranspose1d)):
@@ -62,8 +66,6 @@ def _set_dtype(blocks: nn.Module, dtype: torch.dtype) -> None:
 @torch.no_grad()
 def measure(threads: int | None = None, frames: int = BLOCK_FRAMES) -> dict[str, float]:
     """``{"float32": ms, "bfloat16": ms, "wait_share": ...}`` per frame of one ``frames`` block, now (not cached)."""
-    from omnilab.tuning.timing_key import _schedstat
-
     old, start = torch.get_num_threads(), _schedstat()
     torch.set_num_threads(threads or old)
     try:
@@ -93,9 +95,6 @@ _MEMO: dict[str, dict] = {}
 def _decides(requested=None) -> bool:
     """Whether the timing decides code2wav's dtype here: ``OMNILAB_CODE2WAV_DTYPE`` auto, native bf16, float32 not
     asked for the pipeline (``requested``, else ``OMNILAB_DTYPE``); elsewhere the rule needs none, none is measured."""
-    from omnilab.profiles.timing import asks_fp32
-    from omnilab.tuning.code2wav_dtype import ENV
-
     asked = (settings.env_dtype() or "") if requested is None else requested
     mode = (settings.raw(ENV) or "").strip().lower() or "auto"
     return mode == "auto" and not asks_fp32(asked) and cpu_has_native_bf16()[0]
@@ -103,7 +102,6 @@ def _decides(requested=None) -> bool:
 
 def timed_code2wav_dtype(requested=None):
     """``tuning.code2wav_dtype.code2wav_dtype_choice(requested)`` with this machine's timing where it decides."""
-    from omnilab.tuning.code2wav_dtype import code2wav_dtype_choice
     return code2wav_dtype_choice(requested, times=code2wav_times() if _decides(requested) else None)
 
 
@@ -119,13 +117,10 @@ def with_code2wav_times(times):
 def code2wav_times(threads: int | None = None, env: str | None = None) -> dict | None:
     """The cached timing for this machine (measured on first use): ``{"float32": ms, "bfloat16": ms, "threads": n,
     "frames": block, "cached": bool}`` (ms per frame), or None under ``OMNILAB_PLAN_TIMING=off``."""
-    from omnilab.tuning.timing_key import _key, cached, timing_mode
-
     mode = timing_mode(env)
     if mode == "off":
         return None
     threads = threads or torch.get_num_threads()
-    from omnilab.tuning.code2wav_conv import conv_choice
     key, parts = _key(threads, f"code2wav-conv-decoder-{conv_choice().mode}")  # fp32's time depends on the conv path
     if key in _MEMO and mode != "refresh":
         return _MEMO[key]

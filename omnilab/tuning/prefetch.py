@@ -23,6 +23,8 @@ import torch
 from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.paths import cache_dir
+from omnilab.profiles.timing import NOISY_WAIT
+from omnilab.tuning.timing_key import _key, _schedstat, cached, timing_mode
 
 ENV = "OMNILAB_QGEMV_PREFETCH"
 SLOTS = ("one_row_int8_act", "rows_int8_act", "fp32_act")
@@ -83,8 +85,6 @@ def _operands(bits: int, mib: int):
 def measure(fn, set_prefetch, threads: int, mib: int = TIMING_MIB) -> tuple[dict[str, dict[int, float]], float]:
     """ms per sweep for every slot and candidate (rounds interleaved, best of each), and the run-queue wait share.
     ``fn``: the loaded ``omnilab_qgemv``; ``set_prefetch``: ``omnilab_qgemv_set_prefetch``."""
-    from omnilab.tuning.timing_key import _schedstat
-
     start = _schedstat()
     out: dict[str, dict[int, float]] = {}
     try:
@@ -130,8 +130,6 @@ def choose(times: dict[str, dict[int, float]]) -> tuple[tuple[int, int, int], st
 
 def resolve(lib, threads: int | None = None) -> Prefetch:
     """The distances for this process (env, cache, timing or prior), set in ``lib`` (a loaded qgemv library)."""
-    from omnilab.tuning.timing_key import timing_mode
-
     given = settings.raw(ENV) or ""
     fixed = parse(given)
     if fixed is not None:
@@ -146,8 +144,6 @@ def resolve(lib, threads: int | None = None) -> Prefetch:
 
 
 def _timed(lib, threads: int, refresh: bool) -> Prefetch:
-    from omnilab.tuning.timing_key import _key, cached
-
     key, parts = _key(threads, str(lib.path))
 
     def load(d):
@@ -163,7 +159,6 @@ def _timed(lib, threads: int, refresh: bool) -> Prefetch:
     dist, why = choose(times)
     if from_cache:
         return Prefetch(dist, f"cached timing of {when} ({threads} threads): {why}", "cached")
-    from omnilab.profiles.timing import NOISY_WAIT
     note = "" if wait <= NOISY_WAIT else (f" (run-queue wait {100 * wait:.0f} % of CPU time: used by this process "
                                           "only, not cached)")
     return Prefetch(dist, f"timed now ({threads} threads){note}: {why}", "timing")

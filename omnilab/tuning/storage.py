@@ -31,6 +31,7 @@ import torch
 
 from omnilab import settings
 from omnilab.errors import ConfigError
+from omnilab.kernels.gemv import gemv_choice
 
 ENV = "OMNILAB_DECODE_WEIGHTS"
 MODES = ("auto", "bf16", "compute")
@@ -85,7 +86,6 @@ def weight_storage_choice(compute: torch.dtype, env: str | None = None) -> Weigh
     if raw == "compute":
         return WeightStorage(False, name, f"{ENV}=compute: fp32 copies of the bf16 matrices (2x the bytes per "
                                           f"decode step)", source)
-    from omnilab.kernels.gemv import gemv_choice
 
     gemv = gemv_choice()
     if gemv.mode != "omnilab":

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from omnilab import settings
 from omnilab.errors import ConfigError
 from omnilab.hardware import cpu_has_native_bf16
+from omnilab.kernels.gemv import _SLOT, _call, gemv_choice, install_paths  # the kernel the timing runs and keys on
 from omnilab.paths import cache_dir
-from omnilab.profiles.timing import (PathTimes, bf16_decode_from_times,
-                                     prefill_from_times)
+from omnilab.profiles.timing import PathTimes, bf16_decode_from_times, dtype_from_times, prefill_from_times
 from omnilab.tuning.timing_key import _key, _schedstat, cached, timing_mode
 
 LAYER_SHAPES = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
@@ -97,7 +97,6 @@ def path_times(threads: int | None = None, env: str | None = None) -> PathTimes 
     mode = timing_mode(env)
     if mode == "off":
         return None
-    from omnilab.kernels.gemv import _SLOT, _call, gemv_choice  # the kernel the timing runs and keys on
 
     threads = threads or torch.get_num_threads()
     key, parts = _key(threads, gemv_choice().library)
@@ -117,7 +116,6 @@ def path_times(threads: int | None = None, env: str | None = None) -> PathTimes 
 
 def auto_dtype() -> tuple[str, str]:
     """``(dtype name, reason)`` for ``dtype="auto"`` without a profile: the planner's rule over this timing."""
-    from omnilab.profiles.timing import dtype_from_times
     return dtype_from_times(*cpu_has_native_bf16(), path_times())
 
 
@@ -157,8 +155,6 @@ _PATHS: list[LinearPaths] = []
 def linear_paths() -> LinearPaths:
     """The process's choice (resolved, timing included, on first use) and installed in ``kernels.linear``; the
     talker's loader calls it (client and worker processes), so no step pays for the timing."""
-    from omnilab.kernels.gemv import install_paths
-
     if not _PATHS:
         _PATHS.append(resolve_paths())
         install_paths(_PATHS[0])
@@ -167,7 +163,5 @@ def linear_paths() -> LinearPaths:
 
 def reset() -> None:
     """Forget the process's choice (tests, the bench's per-configuration environments): back to the ISA prior."""
-    from omnilab.kernels.gemv import install_paths
-
     _PATHS.clear()
     install_paths(None)

@@ -46,6 +46,7 @@ from omnilab.stages import lifecycle
 from omnilab.stages._env import temporary_environ
 from omnilab.stages.code2wav.codes import codes_array
 from omnilab.stages.code2wav.worker_proc import _GATHER_S, _handle, _info, _worker_main  # noqa: F401
+from omnilab.tuning.code2wav_dtype import code2wav_dtype_choice
 
 _OFFLINE = "__offline_decode__"
 
@@ -133,7 +134,6 @@ class Code2WavWorker:
         threads = int(threads or (len(cpus) if cpus else 1))
         self.cpus, self.threads, self.poll_s = cpus, threads, poll_s
         if dtype is None:
-            from omnilab.tuning.code2wav_dtype import code2wav_dtype_choice
             dtype = code2wav_dtype_choice("float32")  # a stand-alone worker: fp32 unless the variable says
         name = getattr(dtype, "dtype", dtype)  # a Code2WavDtype, or its name
         if name not in ("float32", "bfloat16"):

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from omnilab.config import SAMPLES_PER_FRAME, SpeechTokenizerConfig
+from omnilab.stages.lifecycle import die_with_parent
 
 _GATHER_S = 0.002  # batching window when several streams are open
 _MODEL: list = []  # the worker's decoder (for _info)
@@ -36,12 +37,11 @@ def _worker_main(conn, checkpoint: str, cpus: tuple[int, ...] | None, threads: i
     """Process entry point (importable, for the spawn start method)."""
     if cpus:
         os.sched_setaffinity(0, cpus)
-    from omnilab.stages.lifecycle import die_with_parent
     die_with_parent(parent)  # after the pinning: its watch thread inherits this thread's CPU mask
     import torch
 
-    from omnilab.models.code2wav_stream import decode_chunks
-    from omnilab.checkpoint.worker_weights import load_code2wav_weights, release_memory
+    from omnilab.models.code2wav_stream import decode_chunks  # lazy: torch
+    from omnilab.checkpoint.worker_weights import load_code2wav_weights, release_memory  # lazy: torch
 
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
@@ -157,7 +157,7 @@ def _handle(msg, model, states, conn, t_recv, as_codes, spf) -> bool:
 def _info(states: dict) -> dict[str, Any]:
     import torch
 
-    from omnilab.kernels.snake import snake_choice
+    from omnilab.kernels.snake import snake_choice  # lazy: torch
     tasks = {}
     with contextlib.suppress(OSError):
         for tid in os.listdir("/proc/self/task"):

@@ -36,6 +36,7 @@ from omnilab.hardware import GiB, format_cpulist
 from omnilab.profiles import cost
 from omnilab.profiles.cost import BLOCK_SIZE
 from omnilab.profiles.cost import padded_head_size  # noqa: F401 (stages/vllm/model.py imports it from here)
+from omnilab.profiles.overrides import NOBIND, parse_bind, reserve_count, whole_gib
 from omnilab.stages._env import env_flag
 
 WORKER_CLS = "omnilab.stages.vllm.worker.TalkerCPUWorker"
@@ -203,7 +204,6 @@ def engine_kv_bytes(c: VllmStageConfig, derived: int, environ: Mapping[str, str]
     """``kv_cache_memory_bytes`` for the engine: ``VLLM_CPU_KVCACHE_SPACE`` when set (vLLM applies it over the
     argument; a different explicit ``c.kv_cache_memory_bytes`` is a ``ConfigError``), else the config's, else
     None when ``gpu_memory_utilization`` is given (vLLM sizes the cache), else ``derived``."""
-    from omnilab.profiles.overrides import whole_gib
     raw = _set_var(environ, "VLLM_CPU_KVCACHE_SPACE")
     if raw is not None:
         kv = whole_gib(raw, "VLLM_CPU_KVCACHE_SPACE")
@@ -220,7 +220,6 @@ def engine_kv_bytes(c: VllmStageConfig, derived: int, environ: Mapping[str, str]
 def engine_cpu_env(c: VllmStageConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """``VLLM_CPU_OMP_THREADS_BIND`` / ``OMP_NUM_THREADS`` / ``VLLM_CPU_NUM_OF_RESERVED_CPU`` for the engine's
     processes (multiprocess), consistent with the environment (see the module docstring)."""
-    from omnilab.profiles.overrides import NOBIND, parse_bind, reserve_count
     env: dict[str, str] = {}
     raw = _set_var(environ, "VLLM_CPU_OMP_THREADS_BIND")
     theirs = parse_bind(raw, "VLLM_CPU_OMP_THREADS_BIND") if raw is not None else None

@@ -24,8 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from omnilab.errors import InputError
+from omnilab.profiles.overrides import parse_bind
+from omnilab.stages.code2wav.stage import Code2WavStage
+from omnilab.stages.code2wav.worker import Code2WavWorker
 from omnilab.stages.vllm.config import VllmStageConfig
 from omnilab.checkpoint.worker_weights import release_memory
+from omnilab.stages.vllm.engine import VllmTalkerStage
 
 CODE2WAV_MODES = ("auto", "process", "inprocess")
 
@@ -53,7 +57,6 @@ class VllmDeploy:
         tensor-parallel rank per ``|``-separated list), else on all CPUs of this process's mask but the last;
         code2wav on the last CPU not given to the talker (2+ CPUs). With a profile, :meth:`from_profile` is the
         only road."""
-        from omnilab.profiles.overrides import parse_bind
         environ = os.environ if environ is None else environ
         cpus = sorted(os.sched_getaffinity(0))
         raw = (environ.get("VLLM_CPU_OMP_THREADS_BIND") or "").strip()
@@ -135,12 +138,9 @@ def client_load_options(deploy: Any = None) -> dict[str, bool]:
 def build_stages(model, deploy: Any = None, code2wav_dtype: Any = None):
     """``(talker_stage, code2wav_stage)`` for the vLLM backend; ``code2wav_dtype``: the client's
     ``omnilab.tuning.code2wav_dtype.Code2WavDtype`` for code2wav, in this process or its worker (None: fp32)."""
-    from omnilab.stages.vllm.engine import VllmTalkerStage
-
     d = resolve_deploy(deploy)
     code2wav = None
     if d.code2wav_process:
-        from omnilab.stages.code2wav.worker import Code2WavWorker
         code2wav = Code2WavWorker(model.path, cpus=d.code2wav_cpus, threads=d.code2wav_threads,
                                   env=dict(d.code2wav_env), dtype=code2wav_dtype)
     if d.talker.multiprocess:
@@ -155,7 +155,6 @@ def build_stages(model, deploy: Any = None, code2wav_dtype: Any = None):
             code2wav.close()
         raise
     if code2wav is None:
-        from omnilab.stages.code2wav.stage import Code2WavStage
         code2wav = Code2WavStage(model.code2wav, threads=d.code2wav_threads, dtype=code2wav_dtype)
     return talker, code2wav
 

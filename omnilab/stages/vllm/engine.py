@@ -46,6 +46,8 @@ from omnilab.stages.vllm.config import (VllmStageConfig, compile_predictor_flag,
 from omnilab.stages import lifecycle
 from omnilab.logs import quiet_libraries
 from omnilab.stages._env import temporary_environ
+from omnilab.stages.vllm.plugin import register
+from omnilab.stages.vllm.view import view_dir
 
 __all__ = ["VllmTalkerStage", "VllmStageConfig", "VllmFrameOutput"]
 
@@ -114,9 +116,6 @@ class VllmTalkerStage:
         from vllm import LLMEngine
         from vllm.engine.arg_utils import EngineArgs
 
-        from omnilab.stages.vllm.plugin import register
-        from omnilab.stages.vllm.view import view_dir
-
         register()
         dtype = "float32" if m.dtype == torch.float32 else "bfloat16"
         compile_flag, compile_source = compile_predictor_flag(c.compile_predictor, os.environ)
@@ -139,7 +138,7 @@ class VllmTalkerStage:
             env = {**env, lifecycle.PARENT_ENV: lifecycle.parent_token(), lifecycle.MARKER_ENV: marker}
         try:
             if not c.multiprocess and m.talker is not None:
-                from omnilab.stages.vllm.model import share_talker
+                from omnilab.stages.vllm.model import share_talker  # lazy: vllm
                 self._share_key = share_talker(m.talker)
                 kwargs["hf_overrides"] = {**kwargs["hf_overrides"], "omnilab_share_key": self._share_key}
             with temporary_environ(env):
@@ -152,7 +151,7 @@ class VllmTalkerStage:
             torch.set_num_threads = set_threads  # CPUWorker replaces it with a no-op, process-wide
             vllm.envs.disable_envs_cache()
             if self._share_key is not None:  # the worker holds the talker now (or failed to)
-                from omnilab.stages.vllm.model import unshare_talker
+                from omnilab.stages.vllm.model import unshare_talker  # lazy: vllm
                 unshare_talker(self._share_key)
                 self._share_key = None
         self.init_s = time.perf_counter() - t0

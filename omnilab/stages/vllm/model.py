@@ -33,8 +33,10 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
+from omnilab.checkpoint.load import meta_init
 from omnilab.config import Qwen3TTSConfig
 from omnilab.kernels import gemv_choice
+from omnilab.kernels.qgemv import qgemv_choice
 from omnilab.kernels.quant import from_key
 from omnilab.kernels.norm import rms_norm
 from omnilab.models.decode_step import StackStep
@@ -71,7 +73,6 @@ class PagedTalkerStack(nn.Module):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
-        from omnilab.checkpoint.load import meta_init
 
         hf = vllm_config.model_config.hf_config
         self.tts_config = Qwen3TTSConfig.from_dict(dict(hf.omnilab_tts_config))
@@ -252,7 +253,6 @@ class OmnilabTalkerForVLLM(nn.Module):
         self.stack.prepare_rope(self.dtype)
         gemv_choice()
         if quant is not None and quant.enabled:
-            from omnilab.kernels.qgemv import qgemv_choice
             qgemv_choice()  # resolve (and build) the quantized kernel at load, not in the first step
         return source
 

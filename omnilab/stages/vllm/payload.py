@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+from omnilab.models.prompt import PromptRequest
+from omnilab.sampling import SamplingParams
+
 FIELDS = ("has_frame", "frame_index") + tuple(f"c{q}" for q in range(16)) + (
     "prefill_ms", "input_prep_ms", "talker_ms", "predictor_ms", "sampling_ms", "engine_ms", "cycle_ms",
     "batch_rows", "scheduled_tokens", "step", "pid", "tid",
@@ -108,9 +111,6 @@ def request_to_extra(req, params, seed: int) -> dict[str, Any]:
 
 def extra_to_request(d: dict[str, Any], dtype: torch.dtype):
     """Inverse of :func:`request_to_extra` -> ``(PromptRequest, SamplingParams, seed)``."""
-    from omnilab.models.prompt import PromptRequest
-    from omnilab.sampling import SamplingParams
-
     req = PromptRequest(
         text_ids=list(d["text_ids"]), speaker=d["speaker"], language=d["language"],
         instruct_ids=d["instruct_ids"],

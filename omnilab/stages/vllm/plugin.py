@@ -9,18 +9,19 @@ client, the talker worker with the engine core. Idempotent.
 """
 from __future__ import annotations
 
+from omnilab.stages.lifecycle import adopt_parent_from_env
+
 _done = False
 
 
 def register() -> None:
     global _done
-    from omnilab.stages.lifecycle import adopt_parent_from_env
     adopt_parent_from_env()
     if _done:
         return
     from vllm import ModelRegistry
 
-    from omnilab.stages.vllm.model import ARCH, OmnilabTalkerForVLLM  # also registers the load format
+    from omnilab.stages.vllm.model import ARCH, OmnilabTalkerForVLLM  # lazy: vllm; also registers the load format
 
     if ARCH not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCH, OmnilabTalkerForVLLM)

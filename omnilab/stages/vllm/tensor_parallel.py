@@ -50,7 +50,7 @@ def _cut(weight: Any, dim: int, lo: int, hi: int) -> Any:
     contiguous tensor holding the same values."""
     import torch
 
-    from omnilab.kernels.quant import QuantizedWeight, from_codes
+    from omnilab.kernels.quant import QuantizedWeight, from_codes  # lazy: torch
     if isinstance(weight, QuantizedWeight):
         codes, scales = weight.codes(), weight.row_scales()  # [N, K] int8, [N, groups] fp32
         group = weight.group_size if weight.method == "int4" else None  # int8: one scale per row spans any cut
