@@ -411,6 +411,13 @@ static void run(const Args& a, int nt) {
   }
 }
 
+// One 32-wide block of a row of x (K wide) from k0, zero-padded past K.
+static inline void load_block(const float* row, int64_t K, int64_t k0, float* v) {
+  const int64_t have = K - k0 < ACT ? K - k0 : ACT;
+  memcpy(v, row + k0, have * sizeof(float));
+  for (int64_t j = have; j < ACT; ++j) v[j] = 0.0f;
+}
+
 // Per row and 32-wide block: amax, inv = 127 / amax (0 if amax is 0), xq = rne(x * inv), xs = amax / 127,
 // xc = -offset * sum(xq). The same fp32 operations as quant.py: quantize_activations (bitwise equal codes;
 // |x * inv| <= 127 * (1 + 2^-23), so the conversion (round to nearest even) never leaves [-127, 127]).
@@ -421,9 +428,8 @@ static void quantize_x(const float* x, int64_t M, int64_t K, int64_t Kp, int bit
   for (int64_t m = 0; m < M; ++m)
     for (int64_t kb = 0; kb < nb; ++kb) {
       alignas(64) float v[ACT];
-      const int64_t k0 = kb * ACT, have = K - k0 < ACT ? K - k0 : ACT;
-      memcpy(v, x + m * K + k0, have * sizeof(float));
-      for (int64_t j = have; j < ACT; ++j) v[j] = 0.0f;
+      const int64_t k0 = kb * ACT;
+      load_block(x + m * K, K, k0, v);
       int8_t* q = xq + m * Kp + k0;
 #if LANES == 16
       const __m512 a = _mm512_load_ps(v), b = _mm512_load_ps(v + 16);
@@ -469,9 +475,8 @@ static void quantize_x16(const float* x, int64_t M, int64_t K, int64_t Kp, int b
   for (int64_t m = 0; m < M; ++m)
     for (int64_t kb = 0; kb < nb; ++kb) {
       alignas(64) float v[ACT];
-      const int64_t k0 = kb * ACT, have = K - k0 < ACT ? K - k0 : ACT;
-      memcpy(v, x + m * K + k0, have * sizeof(float));
-      for (int64_t j = have; j < ACT; ++j) v[j] = 0.0f;
+      const int64_t k0 = kb * ACT;
+      load_block(x + m * K, K, k0, v);
       float amax = 0.0f;
       for (int j = 0; j < ACT; ++j) {
         const float av = v[j] < 0.0f ? -v[j] : v[j];
