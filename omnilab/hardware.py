@@ -252,8 +252,9 @@ def kernel_isas(flags: frozenset[str] | set[str]) -> dict[str, str]:
     isa = select_isa(flags)[0]
     q = "avx2" if isa == "avx512" and avx512_without_vnni(flags) else isa
     name = lambda i, note="": f"omnilab-{i}{note}" if i else "torch (no avx512f / avx2 + fma)"  # noqa: E731
-    return {"GEMV (decode linears)": name(isa), "quantized GEMV (int8/int4)": name(q, " (vpdpbusd)" if q == "avx512"
-            else " (vpmaddubsw)" if q else ""), "SnakeBeta (code2wav)": name(isa)}
+    dots = " (vpdpbusd, vpdpwssd)" if q == "avx512" else " (vpmaddubsw, vpmaddwd)" if q else ""
+    return {"GEMV (decode linears)": name(isa), "quantized GEMV (int8/int4)": name(q, dots),
+            "SnakeBeta (code2wav)": name(isa)}
 
 
 _LIB_DIRS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu",
