@@ -48,7 +48,7 @@ from omnilab.sampling import SamplingParams
 from omnilab.stages.code2wav.stage import Code2WavStage
 from omnilab.stages.eager import EagerTalkerStage
 from omnilab.stages.lifecycle import restart_stages
-from omnilab.stages.owner import FrameRouter, OwnedIterator, OwnerThread
+from omnilab.stages.owner import AGAIN, FrameRouter, OwnedIterator, OwnerThread
 from omnilab.stages.talker_control import OwnedRequests, TalkerControl  # noqa: F401  (TalkerControl: public here)
 from omnilab.stages.vllm.deploy import build_stages, client_load_options
 from omnilab.tuning.code2wav_timing import timed_code2wav_dtype as c2w_dtype
@@ -337,7 +337,9 @@ class Pipeline(OwnedRequests, PipelineRepr):
 
     def _stream_next(self, st: dict) -> tuple[AudioChunk | None, bool]:
         """On the owner thread: step the talker until this stream's next chunk is due, decode it ->
-        ``(chunk, is_last)``; ``(None, True)`` when the request ended without one (aborted, EOS)."""
+        ``(chunk, is_last)``; ``(None, True)`` when the request ended without one (aborted, EOS); ``(AGAIN, False)``
+        after a step when another call waits for the owner thread (a new request's start, another stream's
+        chunk): streams take turns a step at a time, so none waits behind another's whole chunk."""
         rid, sched, rec = st["rid"], st["sched"], self.recorder
         if "session" not in st:
             st["session"] = None
@@ -345,16 +347,21 @@ class Pipeline(OwnedRequests, PipelineRepr):
             st["session"] = self.code2wav.open_session(rid, prefix_codes=st["preq"].ref_codes)
         elif st["t"] is not None:
             rec.span("consumer", rid, st["t"])
+            st["t"] = None
+        stepped = False
         while not (st["pending"] and (st["finished"] or len(st["pending"]) >= sched.chunk_frames(st["chunk_idx"]))):
             if st["finished"]:  # ended with no frame left to deliver: EOS after the last chunk, or aborted
                 self._stream_end(st)
                 return None, True
-            for o in self._router.pull([rid], self._pump, self._talker.has_unfinished)[rid]:
+            if stepped and self._owner.contended():
+                return AGAIN, False
+            for o in self._router.pull([rid], self._pump, self._talker.has_unfinished, max_steps=1)[rid]:
                 if o.codes is not None and o.finish_reason != "abort":
                     st["pending"].append(o.codes)
                 st["finished"], st["reason"] = st["finished"] or o.finished, o.finish_reason or ""
             if st["reason"] == "abort":
                 st["pending"] = []
+            stepped = True
         frame_start, finished = st["frame_start"], st["finished"]
         t = clock()
         codes = torch.stack(st["pending"]).numpy()

@@ -344,7 +344,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:  # one configuration of a --fresh run: python -m omnilab.bench.run --child CFG OUT
         return _child_main(*argv[1:3])
-    if any(x == "--server" or x.startswith("--server=") for x in argv):  # load a running omnilab serve instead
+    if any(x in ("--server", "--serve") or x.startswith(("--server=", "--serve=")) for x in argv):  # load a server
         return load_main(argv)
     ap = parser()
     a = ap.parse_args(argv)

@@ -46,17 +46,22 @@ def serve_parser() -> argparse.ArgumentParser:
 def serve_main(argv: list[str] | None = None) -> int:
     args = serve_parser().parse_args(argv)
     apply_verbosity(args)
-    config = ServeConfig(model=args.model, host=args.host, port=args.port,
-                         api_key=args.api_key or settings.raw("OMNILAB_API_KEY") or None, backend=args.backend,
-                         deploy_profile=args.deploy_profile, deploy=args.deploy, quantization=args.quantization,
-                         dtype=args.dtype, threads=args.threads, max_concurrency=args.max_concurrency,
-                         max_queue=args.max_queue,
-                         max_input_chars=args.max_input_chars, max_new_tokens=args.max_new_tokens,
-                         max_upload_bytes=args.max_upload_bytes, voices_dir=args.voices_dir,
-                         allowed_media_dir=args.allowed_media_dir, drain_timeout_s=args.drain_timeout_s,
-                         served_model_name=args.served_model_name)
-    run(config)
+    run(config_from_args(args))
     return 0
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """The ``ServeConfig`` of parsed ``omnilab serve`` arguments (also what ``omnilab bench --serve`` builds its
+    in-process twin from)."""
+    return ServeConfig(model=args.model, host=args.host, port=args.port,
+                       api_key=args.api_key or settings.raw("OMNILAB_API_KEY") or None, backend=args.backend,
+                       deploy_profile=args.deploy_profile, deploy=args.deploy, quantization=args.quantization,
+                       dtype=args.dtype, threads=args.threads, max_concurrency=args.max_concurrency,
+                       max_queue=args.max_queue,
+                       max_input_chars=args.max_input_chars, max_new_tokens=args.max_new_tokens,
+                       max_upload_bytes=args.max_upload_bytes, voices_dir=args.voices_dir,
+                       allowed_media_dir=args.allowed_media_dir, drain_timeout_s=args.drain_timeout_s,
+                       served_model_name=args.served_model_name)
 
 
 def run(config: ServeConfig) -> None:

@@ -60,6 +60,15 @@ class AuthMiddleware:
         await resp(scope, receive, send)
 
 
+def speech_context(config: ServeConfig, engine: Engine, voice_clip) -> SpeechContext:
+    """What parsing a request needs from this server (``voice_clip``: uploaded voice name -> clip or None)."""
+    return SpeechContext(
+        model_type=engine.model_type, model_names=_model_names(config, engine),
+        max_input_chars=config.max_input_chars, max_new_tokens=config.max_new_tokens,
+        max_upload_bytes=config.max_upload_bytes, allowed_media_dir=config.allowed_media_dir, voice_clip=voice_clip,
+        default_voice=("vivian" if "vivian" in engine.speakers else (engine.speakers or [None])[0]))
+
+
 def create_app(config: ServeConfig, engine: Engine | None = None) -> FastAPI:
     """The app; its lifespan builds the pipeline (unless ``engine`` is given ready) and closes it at shutdown."""
     engine = engine or Engine(config)
@@ -73,11 +82,7 @@ def create_app(config: ServeConfig, engine: Engine | None = None) -> FastAPI:
         for name, why in store.skipped.items():
             log.warning("voice file %s not loaded: %s", name, why)
         state["voices"] = store
-        state["ctx"] = SpeechContext(
-            model_type=engine.model_type, model_names=_model_names(config, engine),
-            max_input_chars=config.max_input_chars, max_new_tokens=config.max_new_tokens,
-            max_upload_bytes=config.max_upload_bytes, allowed_media_dir=config.allowed_media_dir, voice_clip=store,
-            default_voice=("vivian" if "vivian" in engine.speakers else (engine.speakers or [None])[0]))
+        state["ctx"] = speech_context(config, engine, store)
         log.warning("omnilab serve: %s (%s) on http://%s:%s", engine.model_name, engine.model_type, config.host,
                     config.port)
         try:

@@ -223,7 +223,7 @@ class Engine:
         stats = RequestStats(rid)
         try:
             self.check_ready()
-            it = await anyio.to_thread.run_sync(self._start_stream, req, rid)
+            it = await anyio.to_thread.run_sync(self.start_stream, req, rid)
         except BaseException:
             self._running -= 1
             self._slots.release()
@@ -234,7 +234,9 @@ class Engine:
         self._live.add(stream)
         return stream
 
-    def _start_stream(self, req: SpeechRequest, rid: str):
+    def start_stream(self, req: SpeechRequest, rid: str):
+        """``pipe.stream`` of a parsed request (blocking; in a worker thread): the server's one way in, also what
+        ``omnilab bench --serve`` times in-process beside the server."""
         from omnilab.models.code2wav_stream import ChunkSchedule  # lazy: torch
 
         sched = None

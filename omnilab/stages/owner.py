@@ -16,8 +16,10 @@ Contract (docs/reliability.md#threads-and-iterators):
   interleave). ``end(rid)`` queues an ``"abort"`` output (``pipe.talker.abort``), so a loop waiting on that
   request ends; ``pull`` raises ``WorkerError`` rather than step forever when the talker has no request left.
 - ``OwnedIterator(owner, step, end)``: each ``next`` runs ``step()`` on the owner thread -> ``(item, last)``;
-  ``(None, True)`` ends the iteration. ``close()`` (also at garbage collection, and after an error or the last
-  item) runs ``end()`` once; after the owner stopped (the pipeline was closed) it does nothing.
+  ``(None, True)`` ends the iteration, ``(AGAIN, False)`` hands the owner thread to a waiting call and runs
+  ``step()`` again after it (streams that share the thread take turns a talker step at a time). ``close()`` (also
+  at garbage collection, and after an error or the last item) runs ``end()`` once; after the owner stopped (the
+  pipeline was closed) it does nothing.
 
 May import: the standard library, ``omnilab.errors``, ``omnilab.stages.base`` and ``omnilab.stages.omp_pool`` (a
 caller releases its OpenMP pool before it hands a call over: see that module).
@@ -71,6 +73,11 @@ class OwnerThread:
     @property
     def alive(self) -> bool:
         return not self._stopped and self._thread.is_alive()
+
+    def contended(self) -> bool:
+        """True while another call waits in the queue: a long call (a stream stepping the talker until its chunk
+        is due) hands the thread over between talker steps, so a new request starts within one step."""
+        return not self._queue.empty()
 
     def cancelled(self) -> bool:
         """True on the owner thread while it runs a call whose caller stopped waiting (interrupted)."""
@@ -199,23 +206,29 @@ class FrameRouter:
         for rid in list(self._queues):
             self.end(rid)
 
-    def pull(self, rids: Iterable[Hashable], step: Callable[[], Any],
-             has_unfinished: Callable[[], bool]) -> dict[Hashable, list[FrameOutput]]:
+    def pull(self, rids: Iterable[Hashable], step: Callable[[], Any], has_unfinished: Callable[[], bool],
+             max_steps: int | None = None) -> dict[Hashable, list[FrameOutput]]:
         """Every queued output of ``rids``; when there is none, ``step()`` the talker (its outputs routed) until
-        there is. ``WorkerError`` when the talker has nothing left to run and none came."""
+        there is, or ``max_steps`` steps were taken (then the lists may be empty). ``WorkerError`` when the talker
+        has nothing left to run and none came."""
         rids = list(rids)
         gone = {r: [FrameOutput(r, 0, None, True, "abort", 0)] for r in rids if r not in self._queues}
         rids = [r for r in rids if r not in gone]
-        while rids and not any(self._queues[r] for r in rids):
+        steps = 0
+        while rids and not any(self._queues[r] for r in rids) and (max_steps is None or steps < max_steps):
             if not has_unfinished():
                 raise WorkerError(f"request(s) {rids} are no longer in the talker stage and ended without a last "
                                   "output")
             self.route(step())
+            steps += 1
         out = gone
         for r in rids:
             q = self._queues[r]
             out[r], _ = list(q), q.clear()
         return out
+
+
+AGAIN = object()  # OwnedIterator step: no item yet, call again (another caller was let in first)
 
 
 class OwnedIterator:
@@ -233,6 +246,8 @@ class OwnedIterator:
             raise StopIteration
         try:
             item, last = self._owner.run(self._step)
+            while item is AGAIN:
+                item, last = self._owner.run(self._step)
         except BaseException:
             self._finished = True
             self.close()

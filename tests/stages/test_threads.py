@@ -334,6 +334,56 @@ def test_owner_thread_runs_calls_in_turn_and_stops():
     assert owner.run_if_open(lambda: 1) is None
 
 
+def test_a_stream_started_mid_chunk_does_not_wait_for_that_chunk(pipe):
+    """A stream's ``next()`` steps the talker until its chunk is due (25 frames here). A stream started meanwhile
+    from another thread starts and gets its first 1-frame chunk a few talker steps later, not after the rest of the
+    other's chunk: the owner thread is handed over between steps (``AGAIN``). Counted in talker steps, not time, so
+    it holds on any CPU."""
+    from omnilab.models.code2wav_stream import ChunkSchedule
+
+    sched = ChunkSchedule(first_frames=1, ramp=(), steady_frames=25)
+    kw = dict(GREEDY, max_new_tokens=40, chunk_schedule=sched)
+    steps, box = [0], {}
+    inner = pipe._step
+
+    def counted(*a, **k):
+        steps[0] += 1
+        return inner(*a, **k)
+
+    pipe._step = counted
+    try:
+        a = pipe.stream(TEXTS[0], **kw)
+        assert _next_within(a)[0] == "item"
+        s0 = steps[0]
+
+        def second():
+            deadline = time.monotonic() + 60
+            while steps[0] < s0 + 3 and time.monotonic() < deadline:  # A's 25-frame next() is under way
+                time.sleep(0.0005)
+            box["asked"] = steps[0]
+            b = pipe.stream(TEXTS[1], **kw)
+            box["started"] = steps[0]
+            box["chunk"] = next(b)
+            box["first"] = steps[0]
+            b.close()
+
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        kind, chunk = _next_within(a)
+        box["a_done"] = steps[0]
+        t.join(60)
+        assert not t.is_alive()
+        a.close()
+    finally:
+        del pipe._step
+    assert kind == "item" and chunk.frame_end - chunk.frame_start == 25, (kind, chunk)
+    assert box["chunk"].frame_start == 0 and box["chunk"].frame_end == 1
+    assert box["started"] - box["asked"] <= 1, box
+    assert box["first"] - box["asked"] <= 4, box
+    assert box["first"] < box["a_done"], box
+    _live_nothing(pipe)
+
+
 def test_close_during_a_stream_ends_it_with_a_clear_error(pipe):
     """Last in the module: it closes the shared pipeline."""
     it = pipe.stream(TEXTS[0], max_new_tokens=60, **GREEDY)
