@@ -330,10 +330,11 @@ class Pipeline(OwnedRequests, PipelineRepr):
             raise InputError("stream() takes one text; use generate() for a list")
         st = dict(sched=chunk_schedule or self.chunk_schedule, pending=[], chunk_idx=0, frame_start=0,
                   finished=False, reason="", t=None)
-        st["rid"], st["preq"] = self._owner.run(self._start_routed, text, kwargs, request_id)
+        # a stream's start and its calls until its first chunk go ahead of other streams' queued chunks
+        st["rid"], st["preq"] = self._owner.run_first(self._start_routed, text, kwargs, request_id)
         st["info"] = self._requests[st["rid"]]
         return OwnedIterator(self._owner, functools.partial(self._stream_next, st),
-                             functools.partial(self._stream_end, st))
+                             functools.partial(self._stream_end, st), first=lambda: st["chunk_idx"] == 0)
 
     def _stream_next(self, st: dict) -> tuple[AudioChunk | None, bool]:
         """On the owner thread: step the talker until this stream's next chunk is due, decode it ->

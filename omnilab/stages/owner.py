@@ -4,7 +4,9 @@ Contract (docs/reliability.md#threads-and-iterators):
 - ``OwnerThread()``: one daemon thread that runs every call on the stages (engine, ZeroMQ sockets, worker pipes,
   decoder state). ``run(fn, *args)`` runs ``fn`` there and returns its result (or raises its exception) in the
   calling thread; on the owner thread itself it calls ``fn`` directly (re-entrant). Calls from several threads
-  run one at a time, in arrival order. A caller interrupted while it waits (``KeyboardInterrupt``) cancels its
+  run one at a time, in arrival order, except that ``run_first`` calls (a stream's start and its calls until its
+  first chunk) go ahead of the queued ordinary ones, so a new request's first audio does not wait for the chunks
+  other streams have queued. A caller interrupted while it waits (``KeyboardInterrupt``) cancels its
   call: a call not started yet is skipped, a running one sees :meth:`OwnerThread.cancelled` turn True (the
   pipeline checks it before every talker step); cleanup (``run_if_open``, ``run_later``) is never skipped.
   ``stop()`` lets the running call finish, refuses new ones with ``InputError(closed_message)`` and ends the
@@ -15,7 +17,8 @@ Contract (docs/reliability.md#threads-and-iterators):
   fills the queues of all such requests, so a request's frames never reach another's loop (several streams
   interleave). ``end(rid)`` queues an ``"abort"`` output (``pipe.talker.abort``), so a loop waiting on that
   request ends; ``pull`` raises ``WorkerError`` rather than step forever when the talker has no request left.
-- ``OwnedIterator(owner, step, end)``: each ``next`` runs ``step()`` on the owner thread -> ``(item, last)``;
+- ``OwnedIterator(owner, step, end, first)``: each ``next`` runs ``step()`` on the owner thread -> ``(item, last)``,
+  with ``run_first`` while ``first()`` is True;
   ``(None, True)`` ends the iteration, ``(AGAIN, False)`` hands the owner thread to a waiting call and runs
   ``step()`` again after it (streams that share the thread take turns a talker step at a time). ``close()`` (also
   at garbage collection, and after an error or the last item) runs ``end()`` once; after the owner stopped (the
@@ -30,6 +33,7 @@ import collections
 import contextlib
 import functools
 import inspect
+import itertools
 import queue
 import threading
 from typing import Any, Callable, Hashable, Iterable
@@ -60,7 +64,8 @@ class OwnerThread:
     def __init__(self, name: str = "omnilab-owner",
                  closed_message: str = "this Pipeline is closed; create a new one with Pipeline.from_pretrained"):
         self.closed_message = closed_message
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()  # (priority, arrival, call); None ends the loop
+        self._arrival = itertools.count()
         self._current: _Call | None = None
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -88,13 +93,21 @@ class OwnerThread:
         """``fn(*args, **kwargs)`` on the owner thread; its result or its exception here."""
         return self._run(_Call(fn, args, kwargs))
 
-    def _run(self, call: _Call) -> Any:
+    def run_first(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`run`, but ahead of the ordinary calls already queued (after the running one and the
+        ``run_first`` calls queued before it)."""
+        return self._run(_Call(fn, args, kwargs), priority=0)
+
+    def _put(self, call: _Call | None, priority: int) -> None:
+        self._queue.put((priority, next(self._arrival), call))
+
+    def _run(self, call: _Call, priority: int = 1) -> Any:
         if self.is_owner:
             return call.fn(*call.args, **call.kwargs)
         if not self.alive:
             raise InputError(self.closed_message)
         release_caller_pool()  # the owner computes now: the caller's idle OpenMP workers would throttle its pool
-        self._queue.put(call)
+        self._put(call, priority)
         try:
             while not call.done.wait(_POLL_S):
                 if not self._thread.is_alive():
@@ -118,11 +131,11 @@ class OwnerThread:
     def run_later(self, fn: Callable, *args: Any) -> None:
         """Queue ``fn(*args)`` without waiting (cleanup asked for on the owner thread in the middle of a call)."""
         if self.alive:
-            self._queue.put(_Call(fn, args, {}, cancellable=False))
+            self._put(_Call(fn, args, {}, cancellable=False), 1)
 
     def _loop(self) -> None:
         while True:
-            call = self._queue.get()
+            call = self._queue.get()[2]
             if call is None:
                 return
             if not (call.cancelled and call.cancellable):
@@ -140,7 +153,7 @@ class OwnerThread:
         """Refuse new calls, let the queued and running ones finish, end the thread. Idempotent."""
         if not self._stopped:
             self._stopped = True
-            self._queue.put(None)
+            self._put(None, 2)  # after every queued call
         if not self.is_owner and self._thread.is_alive():
             self._thread.join(timeout_s)
 
@@ -234,8 +247,9 @@ AGAIN = object()  # OwnedIterator step: no item yet, call again (another caller 
 class OwnedIterator:
     """Iterator whose items are made on the owner thread (see the module docstring)."""
 
-    def __init__(self, owner: OwnerThread, step: Callable[[], tuple[Any, bool]], end: Callable[[], None]):
-        self._owner, self._step, self._end = owner, step, end
+    def __init__(self, owner: OwnerThread, step: Callable[[], tuple[Any, bool]], end: Callable[[], None],
+                 first: Callable[[], bool] = lambda: False):
+        self._owner, self._step, self._end, self._first = owner, step, end, first
         self._finished = self._ended = False
 
     def __iter__(self) -> "OwnedIterator":
@@ -245,9 +259,9 @@ class OwnedIterator:
         if self._finished:
             raise StopIteration
         try:
-            item, last = self._owner.run(self._step)
-            while item is AGAIN:
-                item, last = self._owner.run(self._step)
+            item = AGAIN
+            while item is AGAIN:  # ``first()``: no item yet delivered, so ahead of the queued ordinary calls
+                item, last = (self._owner.run_first if self._first() else self._owner.run)(self._step)
         except BaseException:
             self._finished = True
             self.close()

@@ -334,6 +334,36 @@ def test_owner_thread_runs_calls_in_turn_and_stops():
     assert owner.run_if_open(lambda: 1) is None
 
 
+def test_run_first_goes_ahead_of_the_queued_ordinary_calls():
+    """A stream's start and its calls until its first chunk use ``run_first``: ahead of ordinary calls already
+    queued (other streams' chunks), in arrival order among themselves, never ahead of the running call."""
+    owner = OwnerThread()
+    gate, order, threads = threading.Event(), [], []
+
+    def queue_call(fn, *args, queued: int):
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 30
+        while owner._queue.qsize() < queued:  # queued before the next one is sent: a fixed arrival order
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+
+    queue_call(owner.run, gate.wait, 30, queued=0)
+    while owner._current is None:
+        time.sleep(0.001)
+    queue_call(owner.run, order.append, "a", queued=1)
+    queue_call(owner.run_first, order.append, "c", queued=2)
+    queue_call(owner.run, order.append, "b", queued=3)
+    queue_call(owner.run_first, order.append, "d", queued=4)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert order == ["c", "d", "a", "b"]
+    owner.stop()
+    assert not owner._thread.is_alive()
+
+
 def test_a_stream_started_mid_chunk_does_not_wait_for_that_chunk(pipe):
     """A stream's ``next()`` steps the talker until its chunk is due (25 frames here). A stream started meanwhile
     from another thread starts and gets its first 1-frame chunk a few talker steps later, not after the rest of the
