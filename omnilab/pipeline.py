@@ -48,6 +48,7 @@ from omnilab.sampling import SamplingParams
 from omnilab.stages.code2wav.stage import Code2WavStage
 from omnilab.stages.eager import EagerTalkerStage
 from omnilab.stages.lifecycle import restart_stages
+from omnilab.stages.omp_pool import release_caller_pool
 from omnilab.stages.owner import AGAIN, FrameRouter, OwnedIterator, OwnerThread
 from omnilab.stages.talker_control import OwnedRequests, TalkerControl  # noqa: F401  (TalkerControl: public here)
 from omnilab.stages.vllm.deploy import build_stages, client_load_options
@@ -161,8 +162,12 @@ class Pipeline(OwnedRequests, PipelineRepr):
             model = load_model(path, dtype=dep.dtype, configs=configs, quantization=quant)
             c2w = (dep.profile.threads("code2wav") if dep.profile is not None else None, dep.code2wav_dtype)
             talker_stage, code2wav_stage = EagerTalkerStage(model), Code2WavStage(model.code2wav, *c2w)
-        return cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,
+        pipe = cls(model, talker_stage, code2wav_stage, backend=backend, chunk_schedule=dep.chunk_schedule,
                    hooks=hooks, deployment=dep)
+        # loading done: this thread's idle OpenMP pool would throttle the owner thread's when other threads drive
+        # the pipeline (a server's worker threads, the bench's clients) and this one never calls it again
+        release_caller_pool()
+        return pipe
 
     @property
     def profile(self):

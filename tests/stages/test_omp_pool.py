@@ -124,6 +124,29 @@ a.close(); b.close()
     assert off["after"] - auto["after"] == 3, (off, auto)
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs for a 2-thread parallel region")
+def test_the_thread_that_built_a_pipeline_keeps_no_pool_when_others_drive_it(tiny_ckpt):
+    """A server builds its pipeline in one thread and streams from others; ``omnilab bench --serve`` builds its
+    in-process twin on the main thread and drives it from client threads. The builder never calls the pipeline
+    again, so it must leave ``from_pretrained`` without a pool (released there, after the last call it hands the
+    owner thread): with the release the process keeps two workers fewer than with ``off`` (the builder's and the
+    owner's), not one."""
+    code = """
+import omnilab
+region()  # the builder's own torch work (loading a 0.6B, quantizing, timing) leaves it a pool
+pipe = omnilab.Pipeline.from_pretrained({path!r}, backend="eager")
+t = threading.Thread(target=lambda: pipe.generate("Hi there.", speaker="vivian", language="english",
+                                                  max_new_tokens=4))
+t.start(); t.join()
+print(json.dumps({{"after": n()}}))
+pipe.close()
+"""
+    path = str(tiny_ckpt("custom_voice"))
+    off = _run(code.format(path=path), {"OMNILAB_OMP_RELEASE": "off"})
+    auto = _run(code.format(path=path), {"OMNILAB_OMP_RELEASE": "auto"})
+    assert off["after"] - auto["after"] == 2, (off, auto)
+
+
 def test_a_bad_setting_names_the_accepted_values(monkeypatch):
     from omnilab.stages import omp_pool
     monkeypatch.setenv(omp_pool.ENV, "sometimes")
