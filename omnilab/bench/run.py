@@ -41,9 +41,8 @@ EXAMPLES = """examples:
   omnilab bench --size 0.6b --configs eager,vllm,vllm-workers --frames 40 --concurrency 1,4 --fresh
   omnilab bench --size 0.6b --configs eager,vllm --quantization none,int8,int4 \\
       --dtype auto,float32,bfloat16 --interleave 2 --rebuild
-  omnilab bench --server http://127.0.0.1:8091 --concurrency 1,4,8       # load a running omnilab serve
-  omnilab bench --serve "--model DIR --quantization int4" --compare 4    # start one, time it beside
-                                                                         # the same pipeline in-process
+  omnilab bench --server http://127.0.0.1:8091    # load a running omnilab serve
+  omnilab bench --serve "--model DIR" --compare 4  # start one, time it beside the pipeline in-process
 (the load run's options: omnilab bench --server URL --help; docs/serving.md#load-run)
 """
 

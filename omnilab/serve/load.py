@@ -37,8 +37,10 @@ from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME as FRAME_SAMPLES
 
 def load_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="omnilab bench --server", formatter_class=Formatter,
-                                 description="Load a running omnilab serve: concurrent streamed requests per level, "
-                                             "TTFA p50/p95, RTF, frames/s and errors per level (JSON + table).")
+                                 description="Load a running omnilab serve (--server URL), or start one and compare it "
+                                             "with the same pipeline in this process (--serve ARGS): concurrent "
+                                             "streamed requests per level, TTFA p50/p95, RTF, frames/s and errors per "
+                                             "level (JSON + table).")
     a = ap.add_argument
     a("--server", default=None, help="base URL of a running server, e.g. http://127.0.0.1:8091")
     a("--serve", default=None, metavar="ARGS",
@@ -202,6 +204,8 @@ def _load(args: argparse.Namespace, levels: list[int], url: str, serve_argv: lis
     import httpx
 
     key = args.api_key or settings.raw("OMNILAB_API_KEY")
+    if serve_argv is not None:  # the key the started server was given (--api-key in ARGS)
+        key = args.api_key or config_from_args(serve_parser().parse_args(serve_argv)).api_key
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         info = httpx.get(url + "/v1/models", headers=headers, timeout=30).json()

@@ -1,5 +1,6 @@
-"""``omnilab bench --serve ARGS``: starts a server, loads it, compares it with the same pipeline in this process in
-paired rounds, stops it (no process left); bad arguments are refused before anything starts."""
+"""``omnilab bench --serve ARGS``: starts a server, loads it (with the key ARGS gave it), compares it with the same
+pipeline in this process in paired rounds, stops it (no process left); bad arguments are refused before anything
+starts."""
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ def test_serve_mode_compares_the_server_with_the_same_pipeline_in_process(tiny_c
     out = tmp_path / "bench.json"
     before = set(psutil.Process().children(recursive=True))
     rc = main(["bench", "--serve", f"--model {tiny_ckpt('custom_voice')} --backend eager --deploy-profile none "
-               f"--max-concurrency 4 --voices-dir {tmp_path / 'voices'}", "--concurrency", "1,2", "--requests", "1",
+               f"--max-concurrency 4 --voices-dir {tmp_path / 'voices'} --api-key k-123", "--concurrency", "1,2", "--requests", "1",
                "--compare", "2", "--rounds", "2", "--max-new-tokens", "5", "--timeout-s", "120", "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
