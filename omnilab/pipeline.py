@@ -354,12 +354,12 @@ class Pipeline(OwnedRequests, PipelineRepr):
         elif st["t"] is not None:
             rec.span("consumer", rid, st["t"])
             st["t"] = None
-        stepped = False
+        pulled = False
         while not (st["pending"] and (st["finished"] or len(st["pending"]) >= sched.chunk_frames(st["chunk_idx"]))):
             if st["finished"]:  # ended with no frame left to deliver: EOS after the last chunk, or aborted
                 self._stream_end(st)
                 return None, True
-            if stepped and self._owner.contended():
+            if pulled and self._owner.contended():
                 return AGAIN, False
             for o in self._router.pull([rid], self._pump, self._talker.has_unfinished, max_steps=1)[rid]:
                 if o.codes is not None and o.finish_reason != "abort":
@@ -367,7 +367,7 @@ class Pipeline(OwnedRequests, PipelineRepr):
                 st["finished"], st["reason"] = st["finished"] or o.finished, o.finish_reason or ""
             if st["reason"] == "abort":
                 st["pending"] = []
-            stepped = True
+            pulled = True
         frame_start, finished = st["frame_start"], st["finished"]
         t = clock()
         codes = torch.stack(st["pending"]).numpy()

@@ -33,6 +33,7 @@ from omnilab.bench.memory import schedstat_snapshot, wait_pct
 from omnilab.cli.main import Formatter
 from omnilab.cli.serve import config_from_args, serve_parser
 from omnilab.config import SAMPLE_RATE, SAMPLES_PER_FRAME as FRAME_SAMPLES
+from omnilab.serve.config import ServeConfig
 
 
 def load_parser() -> argparse.ArgumentParser:
@@ -182,7 +183,7 @@ def load_main(argv: list[str] | None = None) -> int:
         print("omnilab bench: give --server URL (a running server) or --serve ARGS (start one), not both")
         return 2
     if args.serve is None:
-        return _load(args, levels, args.server.rstrip("/"), None)
+        return _load(args, levels, args.server.rstrip("/"), None, None)
     serve_argv = shlex.split(args.serve)
     bad = [x for x in serve_argv if x.split("=")[0] in ("--port", "--host")]
     if bad:
@@ -195,17 +196,19 @@ def load_main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             print(f"omnilab bench --serve: {e}")
             return 2
-        return _load(args, levels, server.url, serve_argv)
+        # the server parsed these already; the in-process twin and the client's key come from the same config
+        return _load(args, levels, server.url, serve_argv, config_from_args(serve_parser().parse_args(serve_argv)))
     finally:
         server.stop()
 
 
-def _load(args: argparse.Namespace, levels: list[int], url: str, serve_argv: list[str] | None) -> int:
+def _load(args: argparse.Namespace, levels: list[int], url: str, serve_argv: list[str] | None,
+          config: ServeConfig | None) -> int:
+    """The levels against ``url``; with ``config`` (the started server's) also the paired in-process comparison."""
     import httpx
 
-    key = args.api_key or settings.raw("OMNILAB_API_KEY")
-    if serve_argv is not None:  # the key the started server was given (--api-key in ARGS)
-        key = args.api_key or config_from_args(serve_parser().parse_args(serve_argv)).api_key
+    # a started server's key is the one its ARGS gave it (--api-key or $OMNILAB_API_KEY, as config_from_args reads)
+    key = args.api_key or (config.api_key if config is not None else settings.raw("OMNILAB_API_KEY"))
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         info = httpx.get(url + "/v1/models", headers=headers, timeout=30).json()
@@ -225,10 +228,10 @@ def _load(args: argparse.Namespace, levels: list[int], url: str, serve_argv: lis
         out_levels.append(run_level(url, headers, n, args.requests, body, args.timeout_s))
     res = {"server": url, "model": (info.get("data") or [{}])[0].get("id"), "body": body,
            "requests_per_client": args.requests, "levels": out_levels}
-    if serve_argv is not None:
+    if config is not None:
         res["server_command"] = "omnilab serve " + shlex.join(serve_argv)
         if args.compare:
-            res["compare"] = compare_inprocess(url, headers, serve_argv, args, body, deadline)
+            res["compare"] = compare_inprocess(url, headers, config, args, body, deadline)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
@@ -242,14 +245,13 @@ def _load(args: argparse.Namespace, levels: list[int], url: str, serve_argv: lis
     return 0 if lv_ok and cmp_ok else 1
 
 
-def compare_inprocess(url: str, headers: dict, serve_argv: list[str], args: argparse.Namespace, body: dict,
+def compare_inprocess(url: str, headers: dict, config: ServeConfig, args: argparse.Namespace, body: dict,
                       deadline: float) -> dict[str, Any]:
     """Paired rounds of ``args.compare`` clients: over HTTP, and through the same pipeline built in this process
-    from ``serve_argv`` (order alternating per round). Ratio = server frames/s / in-process frames/s."""
+    from the server's ``config`` (order alternating per round). Ratio = server frames/s / in-process frames/s."""
     from omnilab.serve.app import speech_context  # lazy: fastapi
     from omnilab.serve.engine import Engine  # lazy: numpy
 
-    config = config_from_args(serve_parser().parse_args(serve_argv))
     engine = Engine(config)
     engine.start()
     try:
